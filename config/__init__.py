@@ -1,0 +1,1 @@
+"""The contract every batchfleet process shares: settings, Redis keys, wire format, errors."""

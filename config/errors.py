@@ -1,0 +1,119 @@
+"""The one exception tree batchfleet raises; catch ``BatchfleetError`` to catch them all.
+
+::
+
+    BatchfleetError
+    ├── ConfigError               settings are invalid or inconsistent
+    ├── WireFormatError           a request or result on the wire cannot be decoded
+    ├── BrokerUnavailable         Redis cannot be reached
+    ├── RequestRejected           refused at submit; nothing was enqueued
+    │   ├── UnknownModel
+    │   ├── InvalidInput
+    │   │   └── InputTooLarge
+    │   ├── DeadlinePassed
+    │   ├── QueueFull
+    │   └── RequestIdConflict
+    ├── RequestFailed             the request's final answer is an error (has ``code``)
+    │   ├── RequestExpired        code "expired"
+    │   ├── InvalidRequest        code "invalid_input"
+    │   └── ModelError            code "model_error"
+    ├── ResultTimeout             no final answer within the caller's wait
+    └── UnknownRequest            no such request id, or its result has expired
+"""
+
+from __future__ import annotations
+
+
+class BatchfleetError(Exception):
+    """Raised for every failure batchfleet reports; the root of the tree."""
+
+
+class ConfigError(BatchfleetError):
+    """Raised when settings are invalid or contradict each other."""
+
+
+class WireFormatError(BatchfleetError):
+    """Raised when a request or result read from Redis or Celery cannot be decoded."""
+
+    def __init__(self, message: str, *, raw: object = None) -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
+class BrokerUnavailable(BatchfleetError):
+    """Raised when Redis cannot be reached or stops answering."""
+
+
+class RequestRejected(BatchfleetError):
+    """Raised when a request is refused at submit; nothing was enqueued."""
+
+
+class UnknownModel(RequestRejected):
+    """Raised when a request names a model the fleet does not serve."""
+
+
+class InvalidInput(RequestRejected):
+    """Raised when an input is not JSON-serialisable or otherwise malformed."""
+
+
+class InputTooLarge(InvalidInput):
+    """Raised when an encoded input is over the size cap."""
+
+
+class DeadlinePassed(RequestRejected):
+    """Raised when a request's deadline is already past at submit."""
+
+
+class QueueFull(RequestRejected):
+    """Raised when the model's queue holds max_queue_len requests."""
+
+
+class RequestIdConflict(RequestRejected):
+    """Raised when a request id is reused with a different model or input."""
+
+
+class RequestFailed(BatchfleetError):
+    """Raised when a request's final answer is an error; ``code`` says which."""
+
+    code = "failed"
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(f"request {request_id}: {message}")
+        self.request_id = request_id
+        self.detail = message
+
+
+class RequestExpired(RequestFailed):
+    """Raised when a request passed its deadline before it ran."""
+
+    code = "expired"
+
+
+class InvalidRequest(RequestFailed):
+    """Raised when a queued request could not be decoded or validated by the fleet."""
+
+    code = "invalid_input"
+
+
+class ModelError(RequestFailed):
+    """Raised when the model failed on a request."""
+
+    code = "model_error"
+
+
+class ResultTimeout(BatchfleetError):
+    """Raised when a caller's wait ends before the request's final answer; it may still come."""
+
+
+class UnknownRequest(BatchfleetError):
+    """Raised when a request id was never accepted, or its result has outlived its TTL."""
+
+
+FAILURES_BY_CODE: dict[str, type[RequestFailed]] = {
+    cls.code: cls for cls in (RequestExpired, InvalidRequest, ModelError)
+}
+
+
+def failure_for(code: str, request_id: str, message: str) -> RequestFailed:
+    """Returns the exception for a final error result with ``code``."""
+    return FAILURES_BY_CODE.get(code, RequestFailed)(request_id, message)

@@ -1,0 +1,78 @@
+"""Every Redis key and Celery queue name batchfleet uses; no other module builds one.
+
+All keys share one prefix (``Settings.key_prefix``, default ``bf``) and ``:`` as separator.
+
+==========================  ======  ========================  =================  ===============
+key                         type    writer                    reader             TTL
+==========================  ======  ========================  =================  ===============
+``bf:m:{model}:requests``   stream  producer (admission)      batcher (group)    none; entries
+                                                                                 XDEL'd when final
+``bf:m:{model}:inflight``   zset    batcher ZADD, worker ZREM batcher            pruned after
+                                                                                 the lease
+``bf:m:{model}:slot_free``  list    worker (LPUSH)            batcher (BLPOP)    the lease
+``bf:m:{model}:workers``    zset    worker (heartbeat)        batcher            pruned by score
+``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
+                                                                                 TTL; result TTL
+                                                                                 once final
+``bf:w:{request_id}``       set     producer (admit, watch)   worker (finalize)  as ``bf:r:…``
+``bf:res:{request_id}``     string  worker, batcher           producer           result_ttl_s
+``bf:inbox:{producer_id}``  list    worker, batcher           producer (BLPOP)   result_ttl_s
+==========================  ======  ========================  =================  ===============
+
+``bf:r`` holds the request's digest (model and input), ``bf:w`` the inbox keys of producers
+waiting for it, ``bf:res`` and the inbox entries the result JSON; ``bf:m:…:workers`` members
+are ``hostname|slots`` scored by heartbeat expiry, ``…:inflight`` members batch ids scored by
+dispatch time (Redis server time).
+
+The consumer group on each request stream is ``batchers``; Celery's queue for a model is
+``bf.{model}`` (kombu keeps its own keys under that name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CONSUMER_GROUP = "batchers"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds the Redis keys under one prefix."""
+
+    prefix: str = "bf"
+
+    def requests(self, model: str) -> str:
+        """The model's request stream, the ledger of accepted, unfinished requests."""
+        return f"{self.prefix}:m:{model}:requests"
+
+    def inflight(self, model: str) -> str:
+        """Batches dispatched to Celery and not yet finished, scored by dispatch time."""
+        return f"{self.prefix}:m:{model}:inflight"
+
+    def slot_free(self, model: str) -> str:
+        """The list a worker pushes to when it finishes a batch, waking the batcher."""
+        return f"{self.prefix}:m:{model}:slot_free"
+
+    def workers(self, model: str) -> str:
+        """Live workers of the model: member ``hostname|slots``, score the heartbeat's expiry."""
+        return f"{self.prefix}:m:{model}:workers"
+
+    def request(self, request_id: str) -> str:
+        """The admission record of a request id: model and input hash, for idempotency."""
+        return f"{self.prefix}:r:{request_id}"
+
+    def waiters(self, request_id: str) -> str:
+        """The inboxes of the producers waiting for a request's result."""
+        return f"{self.prefix}:w:{request_id}"
+
+    def result(self, request_id: str) -> str:
+        """A request's final result or error, written once."""
+        return f"{self.prefix}:res:{request_id}"
+
+    def inbox(self, producer_id: str) -> str:
+        """A producer's inbox: final results of the requests it waits for are pushed here."""
+        return f"{self.prefix}:inbox:{producer_id}"
+
+    def celery_queue(self, model: str) -> str:
+        """The Celery queue that carries the model's batches."""
+        return f"{self.prefix}.{model}"

@@ -1,0 +1,125 @@
+"""Requests and results on the wire: versioned JSON, never pickle.
+
+A request travels as one stream entry field ``request`` (JSON of :class:`Request`) and, inside a
+Celery batch task, as the same JSON string. A final answer is one JSON :class:`Result`, stored
+under the request id and pushed to each waiting producer's inbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from config.errors import InvalidInput, RequestFailed, WireFormatError, failure_for
+
+STREAM_FIELD = "request"
+
+ErrorCode = Literal["expired", "invalid_input", "model_error"]
+
+
+def canonical_json(value: Any) -> str:
+    """Encodes ``value`` as compact JSON with sorted keys, the form that is hashed and sent.
+
+    Raises:
+        InvalidInput: the value is not JSON-serialisable (sets, bytes, NaN, objects, …).
+    """
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"input is not JSON-serialisable: {exc}") from exc
+
+
+def input_digest(model: str, input_json: str) -> str:
+    """The identity of a request's content: same model and input give the same digest."""
+    return hashlib.sha256(f"{model}\n{input_json}".encode()).hexdigest()
+
+
+class Request(BaseModel):
+    """One accepted request as it sits in the stream and travels in a batch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    request_id: str
+    model: str
+    input: Any
+    digest: str
+    submitted_at: float
+    deadline_at: float
+
+    def encode(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Request:
+        """Raises WireFormatError when ``raw`` is not a request of this schema version."""
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise WireFormatError(
+                f"malformed request: {exc.error_count()} error(s): {exc.errors()[0]['msg']}",
+                raw=raw,
+            ) from exc
+
+
+class ErrorInfo(BaseModel):
+    """Why a request ended without an output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: ErrorCode
+    message: str
+
+
+class Result(BaseModel):
+    """A request's one final answer: an output, or an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    request_id: str
+    model: str
+    output: Any = None
+    error: ErrorInfo | None = None
+    batch_id: str | None = None
+    batch_size: int = 0
+    model_s: float = 0.0
+    worker: str | None = None
+    submitted_at: float | None = None
+    finished_at: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def unwrap(self) -> Any:
+        """Returns the output.
+
+        Raises:
+            RequestFailed: (a subclass by error code) the request ended with an error.
+        """
+        if self.error is not None:
+            raise self.failure()
+        return self.output
+
+    def failure(self) -> RequestFailed:
+        """The exception that stands for this result's error; only for failed results."""
+        if self.error is None:
+            raise ValueError("result is not an error")
+        return failure_for(self.error.code, self.request_id, self.error.message)
+
+    def encode(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Result:
+        """Raises WireFormatError when ``raw`` is not a result of this schema version."""
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise WireFormatError(f"malformed result: {exc.errors()[0]['msg']}", raw=raw) from exc

@@ -1,0 +1,143 @@
+"""Typed settings: environment (``BATCHFLEET_…``), an optional TOML file, and per-model policy.
+
+Load them once at an entry point with :func:`load_settings` and pass the object down.
+Precedence: explicit arguments, then environment variables, then the TOML file named by
+``BATCHFLEET_CONFIG``, then the defaults below. Nested fields use ``__`` in the environment,
+e.g. ``BATCHFLEET_WORKER__CONCURRENCY=2``; ``BATCHFLEET_MODELS`` takes JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from config.errors import ConfigError
+
+MIB = 1024 * 1024
+CONFIG_FILE_ENV = "BATCHFLEET_CONFIG"
+
+
+class ModelPolicy(BaseModel):
+    """How one model is served: its backend and its batching and queueing limits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str = "synthetic"
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_wait_s: float = Field(0.015, ge=0)
+    max_queue_len: int = Field(100_000, ge=1)
+    max_input_bytes: int = Field(MIB, ge=1)
+    request_timeout_s: float = Field(60.0, gt=0)
+    result_ttl_s: float = Field(3600.0, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class BatcherSettings(BaseModel):
+    """The batcher's recovery knobs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reclaim_lease_s: float = Field(45.0, gt=0)
+    batches_per_worker_slot: int = Field(1, ge=1)
+
+
+class WorkerSettings(BaseModel):
+    """The Celery worker's execution and liveness knobs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pool: Literal["threads", "solo", "prefork"] = "threads"
+    concurrency: int = Field(2, ge=1)
+    soft_time_limit_s: float = Field(20.0, gt=0)
+    time_limit_s: float = Field(30.0, gt=0)
+    visibility_timeout_s: float = Field(40.0, gt=0)
+    heartbeat_s: float = Field(1.0, gt=0)
+
+
+def default_models() -> dict[str, ModelPolicy]:
+    """With no configuration the fleet serves one synthetic model named ``synthetic``."""
+    return {"synthetic": ModelPolicy()}
+
+
+class Settings(BaseSettings):
+    """Everything a batchfleet process needs to know, frozen after load."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BATCHFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    redis_socket_timeout_s: float = Field(5.0, gt=0)
+    key_prefix: str = Field("bf", pattern=r"^[A-Za-z0-9_.-]+$")
+    models: dict[str, ModelPolicy] = Field(default_factory=default_models)
+    batcher: BatcherSettings = Field(default_factory=BatcherSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    @model_validator(mode="after")
+    def _check_time_limits(self) -> Settings:
+        """Soft < hard time limit < Celery visibility timeout < stream reclaim lease."""
+        limits = [
+            ("worker.soft_time_limit_s", self.worker.soft_time_limit_s),
+            ("worker.time_limit_s", self.worker.time_limit_s),
+            ("worker.visibility_timeout_s", self.worker.visibility_timeout_s),
+            ("batcher.reclaim_lease_s", self.batcher.reclaim_lease_s),
+        ]
+        for (low_name, low), (high_name, high) in itertools.pairwise(limits):
+            if not low < high:
+                raise ValueError(f"{low_name} ({low}) must be below {high_name} ({high})")
+        if not self.models:
+            raise ValueError("models: at least one model must be configured")
+        for name in self.models:
+            if not name or ":" in name or not name.isprintable():
+                raise ValueError(f"models: invalid model name {name!r}")
+        return self
+
+    def policy(self, model: str) -> ModelPolicy:
+        """Returns the policy of ``model``; KeyError when the fleet does not serve it."""
+        return self.models[model]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(CONFIG_FILE_ENV)
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Loads settings from the environment and the optional TOML file.
+
+    Raises:
+        ConfigError: the settings are invalid; the message names each bad field.
+    """
+    config_file = os.environ.get(CONFIG_FILE_ENV)
+    if config_file and not Path(config_file).is_file():
+        raise ConfigError(f"{CONFIG_FILE_ENV}={config_file}: no such file")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from exc

@@ -1,0 +1,201 @@
+"""The producer's I/O-free core: request preparation, the Lua scripts, and their replies.
+
+``Producer`` and ``AsyncProducer`` differ only in how they talk to Redis; everything they
+decide is decided here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from config.errors import (
+    DeadlinePassed,
+    InputTooLarge,
+    InvalidInput,
+    QueueFull,
+    RequestIdConflict,
+    UnknownModel,
+    UnknownRequest,
+)
+from config.keys import Keys
+from config.schema import STREAM_FIELD, Request, Result, canonical_json, input_digest
+from config.settings import Settings
+
+MAX_REQUEST_ID_LEN = 200
+
+# KEYS: stream, request record, waiters
+# ARGV: digest, request json, max_queue_len, record ttl ms, inbox key, stream field
+ADMIT_SCRIPT = """
+local record = redis.call('GET', KEYS[2])
+if record then
+  if record ~= ARGV[1] then return 'conflict' end
+  redis.call('SADD', KEYS[3], ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  return 'duplicate'
+end
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'full' end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])
+redis.call('SADD', KEYS[3], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+redis.call('XADD', KEYS[1], '*', ARGV[6], ARGV[2])
+return 'accepted'
+"""
+
+# KEYS: result, request record, waiters
+# ARGV: inbox key
+WATCH_SCRIPT = """
+local result = redis.call('GET', KEYS[1])
+if result then return {'done', result} end
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl < 0 then return {'unknown', ''} end
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('PEXPIRE', KEYS[3], ttl)
+return {'pending', ''}
+"""
+
+SUBMIT_CHUNK = 256
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, ready for the admission script."""
+
+    request: Request
+    keys: list[str]
+    args: list[str | int]
+
+
+class ProducerCore:
+    """Validates and encodes requests and reads script replies; does no I/O."""
+
+    def __init__(self, settings: Settings, producer_id: str | None = None) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.producer_id = producer_id or uuid.uuid4().hex
+        self.inbox = self.keys.inbox(self.producer_id)
+
+    def prepare(
+        self,
+        model: str,
+        input: Any,
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> Prepared:
+        """Validates one request and builds its admission call.
+
+        Raises:
+            UnknownModel, InvalidInput, InputTooLarge, DeadlinePassed: refused at the edge.
+        """
+        policy = self.settings.models.get(model)
+        if policy is None:
+            raise UnknownModel(f"unknown model {model!r}; served: {sorted(self.settings.models)}")
+        request_id = self._check_request_id(request_id)
+        input_json = canonical_json(input)
+        size = len(input_json.encode())
+        if size > policy.max_input_bytes:
+            raise InputTooLarge(
+                f"input of {size} bytes is over the {policy.max_input_bytes}-byte cap of {model!r}"
+            )
+        timeout_s = policy.request_timeout_s if deadline_s is None else deadline_s
+        if timeout_s <= 0:
+            raise DeadlinePassed(f"request {request_id}: deadline {timeout_s}s is already past")
+        now = time.time()
+        digest = input_digest(model, input_json)
+        request = Request(
+            request_id=request_id,
+            model=model,
+            input=input,
+            digest=digest,
+            submitted_at=now,
+            deadline_at=now + timeout_s,
+        )
+        record_ttl_ms = int((timeout_s + policy.result_ttl_s) * 1000)
+        return Prepared(
+            request=request,
+            keys=[
+                self.keys.requests(model),
+                self.keys.request(request_id),
+                self.keys.waiters(request_id),
+            ],
+            args=[
+                digest,
+                request.encode(),
+                policy.max_queue_len,
+                record_ttl_ms,
+                self.inbox,
+                STREAM_FIELD,
+            ],
+        )
+
+    @staticmethod
+    def _check_request_id(request_id: str | None) -> str:
+        if request_id is None:
+            return uuid.uuid4().hex
+        if (
+            not isinstance(request_id, str)
+            or not 0 < len(request_id) <= MAX_REQUEST_ID_LEN
+            or not request_id.isprintable()
+            or any(ch.isspace() for ch in request_id)
+        ):
+            raise InvalidInput(
+                f"request_id must be 1-{MAX_REQUEST_ID_LEN} printable characters without spaces,"
+                f" got {request_id!r}"
+            )
+        return request_id
+
+    @staticmethod
+    def check_admission(prepared: Prepared, reply: str | bytes) -> None:
+        """Turns the admission script's reply into nothing (accepted) or a typed refusal."""
+        status = reply.decode() if isinstance(reply, bytes) else reply
+        request = prepared.request
+        if status in ("accepted", "duplicate"):
+            return
+        if status == "full":
+            raise QueueFull(f"queue of model {request.model!r} is full; request not enqueued")
+        if status == "conflict":
+            raise RequestIdConflict(
+                f"request id {request.request_id!r} was already used with another model or input"
+            )
+        raise InvalidInput(f"unexpected admission reply {status!r}")
+
+    def watch_call(self, request_id: str) -> tuple[list[str], list[str]]:
+        """The keys and args of the watch script for ``request_id``."""
+        return (
+            [
+                self.keys.result(request_id),
+                self.keys.request(request_id),
+                self.keys.waiters(request_id),
+            ],
+            [self.inbox],
+        )
+
+    @staticmethod
+    def read_watch(request_id: str, reply: list[Any]) -> Result | None:
+        """The result if the request is final, None while it is pending.
+
+        Raises:
+            UnknownRequest: the id was never accepted or its result has expired.
+        """
+        status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+        if status == "done":
+            return Result.decode(reply[1])
+        if status == "unknown":
+            raise UnknownRequest(
+                f"request {request_id!r} is unknown: never accepted, or its result expired"
+            )
+        return None
+
+    def default_timeout_s(self) -> float:
+        """How long a wait lasts when the caller does not say: the longest request lifetime."""
+        return max(policy.request_timeout_s for policy in self.settings.models.values()) + 5.0
+
+
+def chunks(items: Sequence[T], size: int = SUBMIT_CHUNK) -> list[Sequence[T]]:
+    """Splits ``items`` into the groups sent in one round trip each."""
+    return [items[start : start + size] for start in range(0, len(items), size)]

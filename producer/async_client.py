@@ -1,0 +1,236 @@
+"""``AsyncProducer``: the asyncio twin of ``Producer``, with the same method names."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from time import monotonic
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from config.errors import BrokerUnavailable, QueueFull, ResultTimeout, WireFormatError
+from config.schema import Result
+from config.settings import Settings, load_settings
+from producer.admission import ADMIT_SCRIPT, WATCH_SCRIPT, ProducerCore, chunks
+from producer.client import LISTEN_BLOCK_S
+from producer.redis_errors import broker_errors
+
+log = logging.getLogger(__name__)
+
+
+def connect_async(settings: Settings) -> aioredis.Redis:
+    """An asyncio redis-py client for ``settings``, with bounded socket timeouts."""
+    return aioredis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=settings.redis_socket_timeout_s,
+        health_check_interval=30,
+    )
+
+
+class AsyncInboxListener:
+    """One task, one blocking read: hands each result pushed to the inbox to its waiters."""
+
+    def __init__(self, client: aioredis.Redis, inbox: str) -> None:
+        self._client = client
+        self._inbox = inbox
+        self._waiting: dict[str, list[asyncio.Future[Result]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def expect(self, request_id: str) -> asyncio.Future[Result]:
+        """A future that the listener resolves when ``request_id``'s result arrives."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(request_id, []).append(future)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="batchfleet-inbox")
+        return future
+
+    def forget(self, request_id: str, future: asyncio.Future[Result]) -> None:
+        futures = self._waiting.get(request_id, [])
+        if future in futures:
+            futures.remove(future)
+        if not futures:
+            self._waiting.pop(request_id, None)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._client.aclose()
+
+    async def _run(self) -> None:
+        while not self._closed:
+            try:
+                item = await self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
+            except redis.RedisError as exc:
+                self._fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
+                await asyncio.sleep(0.5)
+                continue
+            if item is None or not item[1]:
+                continue
+            try:
+                result = Result.decode(item[1])
+            except WireFormatError as exc:
+                log.warning("dropping unreadable result from %s: %s", self._inbox, exc)
+                continue
+            for future in self._waiting.pop(result.request_id, []):
+                if not future.done():
+                    future.set_result(result)
+
+    def _fail_all(self, error: Exception) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for futures in waiting.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+
+
+class AsyncProducer:
+    """Submits requests to the fleet and awaits their results.
+
+    Example::
+
+        async with AsyncProducer() as producer:
+            outputs = await producer.infer("synthetic", ["a", "b", "c"])
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        client: aioredis.Redis | None = None,
+        listen_client: aioredis.Redis | None = None,
+        producer_id: str | None = None,
+    ) -> None:
+        self._core = ProducerCore(settings or load_settings(), producer_id)
+        self._client = client or connect_async(self._core.settings)
+        self._admit = self._client.register_script(ADMIT_SCRIPT)
+        self._watch = self._client.register_script(WATCH_SCRIPT)
+        self._listener = AsyncInboxListener(
+            listen_client or connect_async(self._core.settings), self._core.inbox
+        )
+
+    @property
+    def producer_id(self) -> str:
+        return self._core.producer_id
+
+    async def submit(
+        self,
+        model: str,
+        input: Any,
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> str:
+        """Enqueues one request and returns its id; see ``Producer.submit``."""
+        prepared = self._core.prepare(model, input, request_id=request_id, deadline_s=deadline_s)
+        with broker_errors():
+            reply = await self._admit(keys=prepared.keys, args=prepared.args)
+        self._core.check_admission(prepared, reply)
+        return prepared.request.request_id
+
+    async def submit_many(
+        self, model: str, inputs: Iterable[Any], *, deadline_s: float | None = None
+    ) -> list[str]:
+        """Enqueues many requests, one round trip per chunk; see ``Producer.submit_many``."""
+        prepared = [self._core.prepare(model, item, deadline_s=deadline_s) for item in inputs]
+        accepted: list[str] = []
+        for chunk in chunks(prepared):
+            with broker_errors():
+                pipe = self._client.pipeline(transaction=False)
+                for item in chunk:
+                    await self._admit(keys=item.keys, args=item.args, client=pipe)
+                replies = await pipe.execute()
+            for item, reply in zip(chunk, replies, strict=True):
+                try:
+                    self._core.check_admission(item, reply)
+                except QueueFull as exc:
+                    exc.accepted_ids = accepted  # type: ignore[attr-defined]
+                    raise
+                accepted.append(item.request.request_id)
+        return accepted
+
+    async def result(self, request_id: str, timeout_s: float | None = None) -> Any:
+        """Awaits one request's output; see ``Producer.result``."""
+        async for result in self.results([request_id], timeout_s=timeout_s):
+            return result.unwrap()
+        raise ResultTimeout(f"no result for {request_id!r}")
+
+    async def results(
+        self, request_ids: Sequence[str], timeout_s: float | None = None
+    ) -> AsyncIterator[Result]:
+        """Yields each request's final ``Result`` as it completes; see ``Producer.results``."""
+        if timeout_s is None:
+            timeout_s = self._core.default_timeout_s()
+        deadline = monotonic() + timeout_s
+        futures = {request_id: self._listener.expect(request_id) for request_id in request_ids}
+        try:
+            pending: set[asyncio.Future[Result]] = set()
+            for batch in chunks(list(futures)):
+                with broker_errors():
+                    pipe = self._client.pipeline(transaction=False)
+                    for request_id in batch:
+                        keys, args = self._core.watch_call(request_id)
+                        await self._watch(keys=keys, args=args, client=pipe)
+                    replies = await pipe.execute()
+                for request_id, reply in zip(batch, replies, strict=True):
+                    result = self._core.read_watch(request_id, reply)
+                    if result is None:
+                        pending.add(futures[request_id])
+                    else:
+                        yield result
+            while pending:
+                remaining = deadline - monotonic()
+                if remaining <= 0:
+                    raise ResultTimeout(
+                        f"{len(pending)} of {len(request_ids)} results did not come in time"
+                    )
+                done, pending = await asyncio.wait(
+                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                for future in done:
+                    yield future.result()
+        finally:
+            for request_id, future in futures.items():
+                self._listener.forget(request_id, future)
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Sequence[Any],
+        timeout_s: float | None = None,
+        *,
+        deadline_s: float | None = None,
+    ) -> list[Any]:
+        """Submits ``inputs`` and returns their outputs in input order; see ``Producer.infer``."""
+        ids = await self.submit_many(model, inputs, deadline_s=deadline_s)
+        by_id = {
+            result.request_id: result async for result in self.results(ids, timeout_s=timeout_s)
+        }
+        return [by_id[request_id].unwrap() for request_id in ids]
+
+    async def aclose(self) -> None:
+        """Stops the inbox listener and releases connections."""
+        await self._listener.aclose()
+        with contextlib.suppress(redis.RedisError):
+            await self._client.delete(self._core.inbox)
+        await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

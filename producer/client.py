@@ -1,0 +1,292 @@
+"""``Producer``: the blocking client that submits requests and waits for their results."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from time import monotonic
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from config.errors import BrokerUnavailable, QueueFull, ResultTimeout, WireFormatError
+from config.schema import Result
+from config.settings import Settings, load_settings
+from producer.admission import ADMIT_SCRIPT, WATCH_SCRIPT, ProducerCore, chunks
+from producer.redis_errors import broker_errors
+
+log = logging.getLogger(__name__)
+
+LISTEN_BLOCK_S = 1
+WAKE_SENTINEL = ""
+
+
+def connect(settings: Settings) -> redis.Redis:
+    """A redis-py client for ``settings``, with bounded socket timeouts."""
+    return redis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=settings.redis_socket_timeout_s,
+        health_check_interval=30,
+    )
+
+
+class InboxListener:
+    """One thread, one blocking read: hands each result pushed to the inbox to its waiters."""
+
+    def __init__(self, client: redis.Redis, inbox: str) -> None:
+        self._client = client
+        self._inbox = inbox
+        self._waiting: dict[str, list[Future[Result]]] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def expect(self, request_id: str) -> Future[Result]:
+        """A future that the listener resolves when ``request_id``'s result arrives."""
+        future: Future[Result] = Future()
+        with self._lock:
+            self._waiting.setdefault(request_id, []).append(future)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="batchfleet-inbox", daemon=True
+                )
+                self._thread.start()
+        return future
+
+    def forget(self, request_id: str, future: Future[Result]) -> None:
+        """Stops waiting with ``future``; results that arrive later are dropped."""
+        with self._lock:
+            futures = self._waiting.get(request_id, [])
+            if future in futures:
+                futures.remove(future)
+            if not futures:
+                self._waiting.pop(request_id, None)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is None:
+            return
+        with contextlib.suppress(redis.RedisError):
+            self._client.lpush(self._inbox, WAKE_SENTINEL)
+        self._thread.join(timeout=LISTEN_BLOCK_S + 1)
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                item = self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
+            except redis.RedisError as exc:
+                self._fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
+                self._closed.wait(0.5)
+                continue
+            if item is None or not item[1]:
+                continue
+            try:
+                result = Result.decode(item[1])
+            except WireFormatError as exc:
+                log.warning("dropping unreadable result from %s: %s", self._inbox, exc)
+                continue
+            with self._lock:
+                futures = self._waiting.pop(result.request_id, [])
+            for future in futures:
+                if not future.done():
+                    future.set_result(result)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for futures in waiting.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+
+
+class Producer:
+    """Submits requests to the fleet and waits for their results, blocking.
+
+    Example::
+
+        with Producer() as producer:
+            outputs = producer.infer("synthetic", ["a", "b", "c"])
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        client: redis.Redis | None = None,
+        listen_client: redis.Redis | None = None,
+        producer_id: str | None = None,
+    ) -> None:
+        self._core = ProducerCore(settings or load_settings(), producer_id)
+        self._client = client or connect(self._core.settings)
+        self._admit = self._client.register_script(ADMIT_SCRIPT)
+        self._watch = self._client.register_script(WATCH_SCRIPT)
+        self._listener = InboxListener(
+            listen_client or connect(self._core.settings), self._core.inbox
+        )
+
+    @property
+    def producer_id(self) -> str:
+        return self._core.producer_id
+
+    def submit(
+        self,
+        model: str,
+        input: Any,
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> str:
+        """Enqueues one request and returns its id.
+
+        Args:
+            model: a model the fleet serves.
+            input: any JSON-serialisable value, at most the model's ``max_input_bytes``.
+            request_id: your own id; resubmitting it with the same input does not run twice.
+            deadline_s: seconds from now after which the request is dropped as ``expired``;
+                the model's ``request_timeout_s`` when omitted.
+
+        Raises:
+            RequestRejected: (a subclass) refused; nothing was enqueued.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        prepared = self._core.prepare(model, input, request_id=request_id, deadline_s=deadline_s)
+        with broker_errors():
+            reply = self._admit(keys=prepared.keys, args=prepared.args)
+        self._core.check_admission(prepared, reply)
+        return prepared.request.request_id
+
+    def submit_many(
+        self, model: str, inputs: Iterable[Any], *, deadline_s: float | None = None
+    ) -> list[str]:
+        """Enqueues many requests, one round trip per chunk of 256, and returns their ids.
+
+        Every input is validated before any is enqueued.
+
+        Raises:
+            QueueFull: the queue filled part way; ``accepted_ids`` lists those enqueued before.
+            RequestRejected: (another subclass) an input was refused; nothing was enqueued.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        prepared = [self._core.prepare(model, item, deadline_s=deadline_s) for item in inputs]
+        accepted: list[str] = []
+        for chunk in chunks(prepared):
+            with broker_errors():
+                pipe = self._client.pipeline(transaction=False)
+                for item in chunk:
+                    self._admit(keys=item.keys, args=item.args, client=pipe)
+                replies = pipe.execute()
+            for item, reply in zip(chunk, replies, strict=True):
+                try:
+                    self._core.check_admission(item, reply)
+                except QueueFull as exc:
+                    exc.accepted_ids = accepted  # type: ignore[attr-defined]
+                    raise
+                accepted.append(item.request.request_id)
+        return accepted
+
+    def result(self, request_id: str, timeout_s: float | None = None) -> Any:
+        """Waits for one request's output.
+
+        Raises:
+            RequestFailed: (a subclass by error code) the request ended with an error.
+            ResultTimeout: no final answer within ``timeout_s``.
+            UnknownRequest: the id was never accepted, or its result expired.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        for result in self.results([request_id], timeout_s=timeout_s):
+            return result.unwrap()
+        raise ResultTimeout(f"no result for {request_id!r}")
+
+    def results(
+        self, request_ids: Sequence[str], timeout_s: float | None = None
+    ) -> Iterator[Result]:
+        """Yields each request's final ``Result`` as it completes (errors included, not raised).
+
+        Raises:
+            ResultTimeout: some results did not come within ``timeout_s`` (those that did were
+                yielded first).
+            UnknownRequest: an id was never accepted, or its result expired.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        if timeout_s is None:
+            timeout_s = self._core.default_timeout_s()
+        deadline = monotonic() + timeout_s
+        futures = {request_id: self._listener.expect(request_id) for request_id in request_ids}
+        try:
+            pending = yield from self._already_done(futures)
+            while pending:
+                remaining = deadline - monotonic()
+                if remaining <= 0:
+                    raise ResultTimeout(
+                        f"{len(pending)} of {len(request_ids)} results did not come in time"
+                    )
+                done, _ = wait(pending, timeout=remaining, return_when=FIRST_COMPLETED)
+                for future in done:
+                    pending.pop(future)
+                    yield future.result()
+        finally:
+            for request_id, future in futures.items():
+                self._listener.forget(request_id, future)
+
+    def _already_done(
+        self, futures: dict[str, Future[Result]]
+    ) -> Generator[Result, None, dict[Future[Result], str]]:
+        """Yields the results already final; returns the futures still pending."""
+        pending: dict[Future[Result], str] = {}
+        for batch in chunks(list(futures)):
+            with broker_errors():
+                pipe = self._client.pipeline(transaction=False)
+                for request_id in batch:
+                    keys, args = self._core.watch_call(request_id)
+                    self._watch(keys=keys, args=args, client=pipe)
+                replies = pipe.execute()
+            for request_id, reply in zip(batch, replies, strict=True):
+                result = self._core.read_watch(request_id, reply)
+                if result is None:
+                    pending[futures[request_id]] = request_id
+                else:
+                    yield result
+        return pending
+
+    def infer(
+        self,
+        model: str,
+        inputs: Sequence[Any],
+        timeout_s: float | None = None,
+        *,
+        deadline_s: float | None = None,
+    ) -> list[Any]:
+        """Submits ``inputs`` and returns their outputs in input order.
+
+        Raises:
+            RequestFailed: (a subclass) the first failed request's error.
+            ResultTimeout, RequestRejected, BrokerUnavailable: as ``submit_many`` and ``results``.
+        """
+        ids = self.submit_many(model, inputs, deadline_s=deadline_s)
+        by_id = {result.request_id: result for result in self.results(ids, timeout_s=timeout_s)}
+        return [by_id[request_id].unwrap() for request_id in ids]
+
+    def close(self) -> None:
+        """Stops the inbox listener and releases connections."""
+        self._listener.close()
+        with contextlib.suppress(redis.RedisError):
+            self._client.delete(self._core.inbox)
+        self._client.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,270 @@
+"""The batcher: reads each model's request stream and sends micro-batches as Celery tasks.
+
+One thread per model. Requests stay pending in the stream's consumer group until a worker
+writes their final answer, so a request held by a dead batcher or worker is reclaimed with
+``XAUTOCLAIM`` after ``batcher.reclaim_lease_s`` and sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from time import monotonic
+from typing import Any
+
+import redis
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from config.errors import WireFormatError
+from config.keys import CONSUMER_GROUP, Keys
+from config.schema import STREAM_FIELD, Request
+from config.settings import Settings
+from producer.client import connect
+from workers.capacity import FleetState
+from workers.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.policy import Pending, Plan, plan_batch
+from workers.results import Final, ResultWriter, error_final, error_result
+
+log = logging.getLogger(__name__)
+
+MAX_BLOCK_S = 1.0
+RETRY_PAUSE_S = 0.5
+# Redis checks blocked clients' timeouts on its ~100 ms cron tick (hz 10), so a BLOCK shorter
+# than this wakes late; such waits are slept here, then the stream is read without blocking.
+PRECISE_BLOCK_S = 0.1
+
+
+def default_batcher_name() -> str:
+    """Stable across restarts on one host, so a restarted batcher resumes its own pending reads."""
+    return f"batcher@{socket.gethostname()}"
+
+
+def to_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ModelBatcher:
+    """Forms and dispatches the micro-batches of one model."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: str,
+        *,
+        client: redis.Redis,
+        celery: Celery,
+        consumer: str,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.policy = settings.policy(model)
+        self.keys = Keys(settings.key_prefix)
+        self.stream = self.keys.requests(model)
+        self.consumer = consumer
+        self._client = client
+        self._celery = celery
+        self._state = FleetState(client, self.keys, model)
+        self._writer = ResultWriter(client, self.keys, model)
+        self._lease_s = settings.batcher.reclaim_lease_s
+        self._pending: dict[str, Pending] = {}
+        self._next_reclaim = 0.0
+        self.failed = False
+
+    def run(self, stop: threading.Event) -> None:
+        """Serves the model until ``stop`` is set, riding out Redis outages.
+
+        Any other failure is a bug: it is logged, ``failed`` is set and every batcher of the
+        process stops, so that a supervisor restarts it.
+        """
+        started = False
+        while not stop.is_set():
+            try:
+                if not started:
+                    self._ensure_group()
+                    self._take(self._read(history=True))
+                    started = True
+                self.step()
+            except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
+                log.warning("model %s: Redis unavailable (%s); retrying", self.model, exc)
+                stop.wait(RETRY_PAUSE_S)
+            except Exception:
+                log.exception("model %s: batcher failed", self.model)
+                self.failed = True
+                stop.set()
+
+    def step(self) -> Plan:
+        """One turn: reclaim if due, expire, dispatch at most one batch, or wait for news."""
+        now = monotonic()
+        if now >= self._next_reclaim:
+            self._reclaim()
+            self._next_reclaim = now + self._lease_s / 4
+        free = self._state.capacity(self._lease_s).free_slots(
+            self.settings.batcher.batches_per_worker_slot
+        )
+        plan = plan_batch(list(self._pending.values()), self.policy, monotonic(), free)
+        if plan.expired:
+            self._expire(plan.expired)
+        if plan.batch:
+            self._dispatch(plan.batch, plan.flush_reason)
+            return plan
+        wait_s = min(plan.wait_s if plan.wait_s is not None else MAX_BLOCK_S, MAX_BLOCK_S)
+        room = self.policy.max_batch_size - len(self._pending)
+        if free > 0 and self._pending and wait_s < PRECISE_BLOCK_S:
+            time.sleep(wait_s)
+            self._take(self._read(count=room, block_s=None))
+        elif free > 0:
+            self._take(self._read(count=room, block_s=wait_s))
+        else:
+            if room > 0:
+                self._take(self._read(count=room, block_s=None))
+            self._state.wait_for_slot(wait_s)
+        return plan
+
+    def _ensure_group(self) -> None:
+        try:
+            self._client.xgroup_create(self.stream, CONSUMER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _read(
+        self, *, count: int | None = None, block_s: float | None = None, history: bool = False
+    ) -> list[tuple[Any, dict[Any, Any]]]:
+        """New entries (or, with ``history``, those this consumer already holds)."""
+        if count is not None and count <= 0:
+            return []
+        block_ms = None if block_s is None else max(1, int(block_s * 1000))
+        reply: Any = self._client.xreadgroup(
+            CONSUMER_GROUP,
+            self.consumer,
+            {self.stream: "0" if history else ">"},
+            count=count,
+            block=None if history else block_ms,
+        )
+        return [entry for _, entries in reply or [] for entry in entries]
+
+    def _reclaim(self) -> None:
+        """Keeps our own held entries fresh, then takes over entries idle past the lease."""
+        if self._pending:
+            self._client.xclaim(
+                self.stream, CONSUMER_GROUP, self.consumer, 0, list(self._pending), justid=True
+            )
+        cursor = "0-0"
+        for _ in range(100):
+            reply = self._client.xautoclaim(
+                self.stream,
+                CONSUMER_GROUP,
+                self.consumer,
+                int(self._lease_s * 1000),
+                start_id=cursor,
+                count=100,
+            )
+            cursor, claimed = to_text(reply[0]), reply[1]
+            if claimed:
+                log.info(
+                    "model %s: reclaimed %d requests past their lease", self.model, len(claimed)
+                )
+            self._take(claimed)
+            if cursor == "0-0":
+                break
+
+    def _take(self, entries: Sequence[tuple[Any, dict[Any, Any]]]) -> None:
+        """Decodes entries into pending requests; malformed ones end as ``invalid_input``."""
+        now_mono, now_wall = monotonic(), time.time()
+        invalid: list[Final] = []
+        for entry_id_raw, fields in entries:
+            entry_id = to_text(entry_id_raw)
+            if entry_id in self._pending or not fields:
+                continue
+            raw = to_text(fields.get(STREAM_FIELD.encode(), fields.get(STREAM_FIELD, b"")))
+            try:
+                request = Request.decode(raw)
+                if request.model != self.model:
+                    raise WireFormatError(f"request for model {request.model!r} in {self.stream}")
+            except WireFormatError as exc:
+                invalid.extend(self._invalid_entry(entry_id, raw, str(exc)))
+                continue
+            entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
+            self._pending[entry_id] = Pending(
+                entry_id=entry_id,
+                request=request,
+                raw=raw,
+                arrived_at=now_mono - max(0.0, now_wall - entry_wall_s),
+                deadline_at=now_mono + (request.deadline_at - now_wall),
+            )
+        self._writer.finalize(invalid)
+
+    def _invalid_entry(self, entry_id: str, raw: str, reason: str) -> list[Final]:
+        """An error answer for a malformed entry when it names a request id; else just drop it."""
+        log.warning("model %s: malformed stream entry %s: %s", self.model, entry_id, reason)
+        try:
+            request_id = json.loads(raw).get("request_id")
+        except (ValueError, AttributeError):
+            request_id = None
+        if isinstance(request_id, str) and request_id:
+            result = error_result(request_id, self.model, "invalid_input", reason)
+            return [Final(entry_id, result, digest="", ttl_s=self.policy.result_ttl_s)]
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xack(self.stream, CONSUMER_GROUP, entry_id)
+        pipe.xdel(self.stream, entry_id)
+        pipe.execute()
+        return []
+
+    def _expire(self, expired: Sequence[Pending]) -> None:
+        finals = [
+            error_final(
+                item.request,
+                item.entry_id,
+                "expired",
+                "deadline passed before the request ran",
+                self.policy.result_ttl_s,
+            )
+            for item in expired
+        ]
+        self._writer.finalize(finals)
+        for item in expired:
+            self._pending.pop(item.entry_id, None)
+
+    def _dispatch(self, batch: Sequence[Pending], reason: str | None) -> None:
+        batch_id = uuid.uuid4().hex
+        self._state.dispatched(batch_id)
+        try:
+            self._celery.send_task(
+                RUN_BATCH_TASK,
+                args=[self.model, batch_id, [[item.entry_id, item.raw] for item in batch]],
+                queue=self.keys.celery_queue(self.model),
+            )
+        except Exception:
+            self._state.undispatched(batch_id)
+            raise
+        for item in batch:
+            self._pending.pop(item.entry_id, None)
+        log.debug("model %s: batch %s of %d (%s)", self.model, batch_id, len(batch), reason)
+
+
+def run_batchers(
+    settings: Settings, models: Sequence[str], stop: threading.Event, name: str | None = None
+) -> bool:
+    """Runs one batcher thread per model until ``stop`` is set; False if one of them failed."""
+    celery = make_celery_app(settings)
+    consumer = name or default_batcher_name()
+    batchers = [
+        ModelBatcher(settings, model, client=connect(settings), celery=celery, consumer=consumer)
+        for model in models
+    ]
+    threads = [
+        threading.Thread(target=batcher.run, args=(stop,), name=f"batcher-{batcher.model}")
+        for batcher in batchers
+    ]
+    for batcher, thread in zip(batchers, threads, strict=True):
+        thread.start()
+        log.info("batcher %s serving model %s", consumer, batcher.model)
+    for thread in threads:
+        thread.join()
+    return not any(batcher.failed for batcher in batchers)

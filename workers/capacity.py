@@ -1,0 +1,101 @@
+"""Who is alive and how busy: worker heartbeats, batches in flight, and the slot-free wake-up.
+
+Every timestamp here is Redis server time (``TIME`` inside the scripts), so hosts with
+skewed clocks still agree on who is alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from config.keys import Keys
+
+# KEYS: workers zset; ARGV: member, ttl seconds, ('' to add | 'remove')
+HEARTBEAT_SCRIPT = """
+if ARGV[3] == 'remove' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+local now = redis.call('TIME')
+return redis.call('ZADD', KEYS[1], now[1] + now[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
+"""
+
+# KEYS: workers zset, inflight zset; ARGV: lease seconds
+CAPACITY_SCRIPT = """
+local t = redis.call('TIME')
+local now = t[1] + t[2] / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))
+return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('ZCARD', KEYS[2])}
+"""
+
+# KEYS: inflight zset; ARGV: batch id
+DISPATCH_SCRIPT = """
+local t = redis.call('TIME')
+return redis.call('ZADD', KEYS[1], t[1] + t[2] / 1e6, ARGV[1])
+"""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The model's live worker slots and its batches in flight."""
+
+    workers: int
+    slots: int
+    inflight: int
+
+    def free_slots(self, batches_per_slot: int) -> int:
+        return self.slots * batches_per_slot - self.inflight
+
+
+def worker_member(hostname: str, slots: int) -> str:
+    """A worker's member in the workers zset: its name and how many batches it runs at once."""
+    return f"{hostname}|{slots}"
+
+
+class FleetState:
+    """Reads and writes one model's liveness and in-flight records."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, model: str) -> None:
+        self._client = client
+        self._keys = keys
+        self._model = model
+        self._heartbeat = client.register_script(HEARTBEAT_SCRIPT)
+        self._capacity = client.register_script(CAPACITY_SCRIPT)
+        self._dispatch = client.register_script(DISPATCH_SCRIPT)
+
+    def heartbeat(self, member: str, ttl_s: float) -> None:
+        self._heartbeat(keys=[self._keys.workers(self._model)], args=[member, ttl_s, ""])
+
+    def leave(self, member: str) -> None:
+        self._heartbeat(keys=[self._keys.workers(self._model)], args=[member, 0, "remove"])
+
+    def capacity(self, lease_s: float) -> Capacity:
+        """Prunes expired workers and stale in-flight batches, then counts what is left."""
+        members, inflight = self._capacity(
+            keys=[self._keys.workers(self._model), self._keys.inflight(self._model)],
+            args=[lease_s],
+        )
+        slots = 0
+        for member in members:
+            text = member.decode() if isinstance(member, bytes) else member
+            _, _, count = text.rpartition("|")
+            slots += int(count) if count.isdigit() else 1
+        return Capacity(workers=len(members), slots=slots, inflight=int(inflight))
+
+    def dispatched(self, batch_id: str) -> None:
+        self._dispatch(keys=[self._keys.inflight(self._model)], args=[batch_id])
+
+    def undispatched(self, batch_id: str) -> None:
+        self._client.zrem(self._keys.inflight(self._model), batch_id)
+
+    def batch_done(self, batch_id: str, lease_s: float) -> None:
+        """Clears the batch from in-flight and wakes a batcher waiting for a free slot."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zrem(self._keys.inflight(self._model), batch_id)
+        pipe.lpush(self._keys.slot_free(self._model), batch_id)
+        pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
+        pipe.execute()
+
+    def wait_for_slot(self, timeout_s: float) -> None:
+        """Blocks until a worker finishes a batch or ``timeout_s`` passes."""
+        self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.001))

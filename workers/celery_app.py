@@ -1,0 +1,55 @@
+"""Builds the Celery app from settings: JSON only, late acks, one reserved batch per slot."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from config.keys import Keys
+from config.settings import Settings
+
+RUN_BATCH_TASK = "batchfleet.run_batch"
+
+
+def make_celery_app(settings: Settings) -> Celery:
+    """A Celery app on the fleet's Redis, configured for at-least-once batches.
+
+    The stream ledger, not Celery, is the source of truth: a batch Celery drops is reclaimed
+    from the stream after ``batcher.reclaim_lease_s``. The time limits are ordered so that a
+    running batch is never redelivered by Celery or reclaimed while it can still finish.
+    """
+    keys = Keys(settings.key_prefix)
+    worker = settings.worker
+    url = settings.redis_url.get_secret_value()
+    transport_options = {
+        "visibility_timeout": worker.visibility_timeout_s,
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": settings.redis_socket_timeout_s,
+        "socket_keepalive": True,
+        "health_check_interval": 10,
+    }
+    app = Celery("batchfleet", broker=url, set_as_current=False)
+    app.conf.update(
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=worker.soft_time_limit_s,
+        task_time_limit=worker.time_limit_s,
+        broker_transport_options=transport_options,
+        visibility_timeout=worker.visibility_timeout_s,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        task_default_queue=keys.celery_queue(next(iter(settings.models))),
+        task_create_missing_queues=True,
+    )
+    return app

@@ -1,0 +1,103 @@
+"""The ``batchfleet`` command: ``worker``, ``batcher`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from config.errors import BatchfleetError, ConfigError
+from config.settings import Settings, load_settings
+
+log = logging.getLogger("batchfleet")
+
+
+def _models(settings: Settings, requested: Sequence[str] | None) -> list[str]:
+    if not requested:
+        return list(settings.models)
+    unknown = sorted(set(requested) - set(settings.models))
+    if unknown:
+        raise ConfigError(f"unknown model(s) {unknown}; configured: {sorted(settings.models)}")
+    return list(requested)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.worker_main import run_worker, run_worker_per_gpu
+
+    settings = load_settings()
+    models = _models(settings, args.model)
+    if args.gpus == "all":
+        return run_worker_per_gpu(settings, models)
+    return run_worker(settings, models, gpu=args.gpu, name=args.name)
+
+
+def cmd_batcher(args: argparse.Namespace) -> int:
+    from workers.batcher import run_batchers
+
+    settings = load_settings()
+    models = _models(settings, args.model)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the batcher", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return 0 if run_batchers(settings, models, stop, name=args.name) else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from workers.demo import run_demo
+
+    return run_demo(requests=args.requests, baseline=args.baseline)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchfleet", description="Micro-batching inference fleet on Redis and Celery."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    worker = commands.add_parser("worker", help="run a GPU-pinned Celery worker")
+    placement = worker.add_mutually_exclusive_group()
+    placement.add_argument("--gpu", type=int, help="pin this process to GPU N")
+    placement.add_argument("--gpus", choices=["all"], help="one pinned process per GPU")
+    worker.add_argument("--model", action="append", help="serve only this model (repeatable)")
+    worker.add_argument("--name", help="Celery node name (default gpuN@host or cpu-PID@host)")
+    worker.set_defaults(handler=cmd_worker)
+
+    batcher = commands.add_parser("batcher", help="run the micro-batcher")
+    batcher.add_argument("--model", action="append", help="batch only this model (repeatable)")
+    batcher.add_argument("--name", help="consumer name, unique per batcher (default batcher@host)")
+    batcher.set_defaults(handler=cmd_batcher)
+
+    demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")
+    demo.add_argument("--requests", type=int, default=2000, help="requests in the batched run")
+    demo.add_argument(
+        "--baseline", type=int, default=200, help="requests sent one at a time for comparison"
+    )
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.handler(args))
+    except BatchfleetError as exc:
+        print(f"batchfleet: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

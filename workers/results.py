@@ -1,0 +1,122 @@
+"""Writing final answers: one result per request id, first write wins, waiters woken, entry acked.
+
+The finalize script is the only place a request leaves the stream ledger. It writes the
+result only while the request's admission record still holds the same digest, so a late
+duplicate execution can neither overwrite an answer nor bring back one that has expired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from config.keys import CONSUMER_GROUP, Keys
+from config.schema import ErrorCode, ErrorInfo, Request, Result
+
+# KEYS: result, request record, waiters, stream
+# ARGV: result json, digest ('' = write whatever the record holds), ttl ms, group, entry id
+FINALIZE_SCRIPT = """
+local status
+local record = redis.call('GET', KEYS[2])
+if ARGV[2] ~= '' and record ~= ARGV[2] then
+  status = 'stale'
+elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then
+  if record then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+  for _, inbox in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    redis.call('LPUSH', inbox, ARGV[1])
+    redis.call('PEXPIRE', inbox, ARGV[3])
+  end
+  redis.call('DEL', KEYS[3])
+  status = 'written'
+else
+  status = 'duplicate'
+end
+if ARGV[5] ~= '' then
+  redis.call('XACK', KEYS[4], ARGV[4], ARGV[5])
+  redis.call('XDEL', KEYS[4], ARGV[5])
+end
+return status
+"""
+
+
+@dataclass(frozen=True)
+class Final:
+    """A request's final answer, with the stream entry it closes."""
+
+    entry_id: str
+    result: Result
+    digest: str
+    ttl_s: float
+
+
+def error_result(
+    request_id: str, model: str, code: ErrorCode, message: str, **details: Any
+) -> Result:
+    """A final error result for ``request_id``."""
+    return Result(
+        request_id=request_id,
+        model=model,
+        error=ErrorInfo(code=code, message=message),
+        finished_at=time.time(),
+        **details,
+    )
+
+
+def error_final(
+    request: Request, entry_id: str, code: ErrorCode, message: str, ttl_s: float
+) -> Final:
+    """The final error answer for a decoded request."""
+    result = error_result(
+        request.request_id, request.model, code, message, submitted_at=request.submitted_at
+    )
+    return Final(entry_id=entry_id, result=result, digest=request.digest, ttl_s=ttl_s)
+
+
+class ResultWriter:
+    """Finalizes requests of one model in one round trip per call."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, model: str) -> None:
+        self._client = client
+        self._keys = keys
+        self._model = model
+        self._script = client.register_script(FINALIZE_SCRIPT)
+
+    def finalize(self, finals: Sequence[Final]) -> list[str]:
+        """Writes each final answer; returns per item ``written``, ``duplicate`` or ``stale``."""
+        if not finals:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for final in finals:
+            request_id = final.result.request_id
+            self._script(
+                keys=[
+                    self._keys.result(request_id),
+                    self._keys.request(request_id),
+                    self._keys.waiters(request_id),
+                    self._keys.requests(self._model),
+                ],
+                args=[
+                    final.result.encode(),
+                    final.digest,
+                    int(final.ttl_s * 1000),
+                    CONSUMER_GROUP,
+                    final.entry_id,
+                ],
+                client=pipe,
+            )
+        return [
+            status.decode() if isinstance(status, bytes) else status for status in pipe.execute()
+        ]
+
+    def existing(self, request_ids: Sequence[str]) -> list[bool]:
+        """Whether each request already has its final answer."""
+        if not request_ids:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.exists(self._keys.result(request_id))
+        return [bool(found) for found in pipe.execute()]

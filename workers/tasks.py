@@ -1,0 +1,164 @@
+"""The batch task: run one micro-batch through its model and finalize every request in it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+
+from config.errors import InvalidInput, WireFormatError
+from config.keys import CONSUMER_GROUP, Keys
+from config.schema import Request, Result, canonical_json
+from config.settings import Settings
+from producer.client import connect
+from workers.capacity import FleetState
+from workers.celery_app import RUN_BATCH_TASK
+from workers.models.base import Model
+from workers.models.registry import build_model
+from workers.results import Final, ResultWriter, error_final
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """What one worker process holds: its models (loaded once), its Redis client, its name."""
+
+    def __init__(self, settings: Settings, hostname: str, device: str, models: Sequence[str]):
+        self.settings = settings
+        self.hostname = hostname
+        self.device = device
+        self.model_names = list(models)
+        self.keys = Keys(settings.key_prefix)
+        self.client = connect(settings)
+        self._models: dict[str, Model] = {}
+        self._load_lock = threading.Lock()
+
+    def load_models(self) -> None:
+        """Loads every served model now; raises ConfigError with one clear line on failure."""
+        for name in self.model_names:
+            self.model(name)
+
+    def model(self, name: str) -> Model:
+        with self._load_lock:
+            if name not in self._models:
+                started = time.monotonic()
+                self._models[name] = build_model(name, self.settings.policy(name), self.device)
+                log.info(
+                    "model %s loaded on %s in %.2fs", name, self.device, time.monotonic() - started
+                )
+            return self._models[name]
+
+    def run_batch(
+        self, model_name: str, batch_id: str, entries: Sequence[Sequence[str]]
+    ) -> dict[str, Any]:
+        """Runs one batch and writes one final answer per request; returns a summary."""
+        policy = self.settings.policy(model_name)
+        state = FleetState(self.client, self.keys, model_name)
+        writer = ResultWriter(self.client, self.keys, model_name)
+        stream = self.keys.requests(model_name)
+        entry_ids: list[str | bytes | int | memoryview] = [entry_id for entry_id, _ in entries]
+        # Restart the lease: a running batch is never reclaimed while it can still finish.
+        self.client.xclaim(
+            stream, CONSUMER_GROUP, f"worker:{self.hostname}", 0, entry_ids, justid=True
+        )
+        decoded = _decode_entries(batch_id, entries)
+        done_already = writer.existing([request.request_id for _, request in decoded])
+        finals: list[Final] = []
+        runnable: list[tuple[str, Request]] = []
+        now = time.time()
+        for (entry_id, request), done in zip(decoded, done_already, strict=True):
+            if done:
+                finals.append(
+                    Final(entry_id, _placeholder(request), request.digest, policy.result_ttl_s)
+                )
+            elif request.deadline_at <= now:
+                finals.append(
+                    error_final(
+                        request,
+                        entry_id,
+                        "expired",
+                        "deadline passed before the request ran",
+                        policy.result_ttl_s,
+                    )
+                )
+            else:
+                runnable.append((entry_id, request))
+        if runnable:
+            finals.extend(self._predict(model_name, batch_id, runnable, policy.result_ttl_s))
+        writer.finalize(finals)
+        state.batch_done(batch_id, self.settings.batcher.reclaim_lease_s)
+        return {"batch_id": batch_id, "size": len(entries), "ran": len(runnable)}
+
+    def _predict(
+        self, model_name: str, batch_id: str, runnable: list[tuple[str, Request]], ttl_s: float
+    ) -> list[Final]:
+        model = self.model(model_name)
+        started = time.monotonic()
+        try:
+            outputs = list(model.predict([request.input for _, request in runnable]))
+            if len(outputs) != len(runnable):
+                raise ValueError(
+                    f"model returned {len(outputs)} outputs for {len(runnable)} inputs"
+                )
+        except Exception as exc:
+            log.warning("batch %s: model %s failed: %r", batch_id, model_name, exc)
+            message = f"{type(exc).__name__}: {exc}"
+            return [
+                error_final(request, entry_id, "model_error", message, ttl_s)
+                for entry_id, request in runnable
+            ]
+        model_s = time.monotonic() - started
+        finished_at = time.time()
+        finals = []
+        for (entry_id, request), output in zip(runnable, outputs, strict=True):
+            try:
+                canonical_json(output)
+            except InvalidInput as exc:
+                finals.append(
+                    error_final(
+                        request, entry_id, "model_error", f"output is not JSON: {exc}", ttl_s
+                    )
+                )
+                continue
+            result = Result(
+                request_id=request.request_id,
+                model=model_name,
+                output=output,
+                batch_id=batch_id,
+                batch_size=len(runnable),
+                model_s=model_s,
+                worker=self.hostname,
+                submitted_at=request.submitted_at,
+                finished_at=finished_at,
+            )
+            finals.append(Final(entry_id, result, request.digest, ttl_s))
+        return finals
+
+
+def _decode_entries(batch_id: str, entries: Sequence[Sequence[str]]) -> list[tuple[str, Request]]:
+    """Decodes a batch's requests. An unreadable one stays pending in the stream, where the
+    batcher reclaims it after the lease and answers it ``invalid_input``."""
+    decoded = []
+    for entry_id, raw in entries:
+        try:
+            decoded.append((entry_id, Request.decode(raw)))
+        except WireFormatError as exc:
+            log.warning("batch %s: undecodable request in entry %s: %s", batch_id, entry_id, exc)
+    return decoded
+
+
+def _placeholder(request: Request) -> Result:
+    """Stands in for an answer already written; the finalize script keeps the first one."""
+    return Result(request_id=request.request_id, model=request.model, finished_at=time.time())
+
+
+def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
+    """Registers the batch task on ``app``, bound to this process's runtime."""
+
+    @app.task(name=RUN_BATCH_TASK, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+    def run_batch(model: str, batch_id: str, entries: list[list[str]]) -> dict[str, Any]:
+        return runtime.run_batch(model, batch_id, entries)

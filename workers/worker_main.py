@@ -1,0 +1,120 @@
+"""Starts GPU-pinned Celery workers: one process per GPU, the model loaded once in each."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
+
+from config.settings import Settings
+from workers.capacity import FleetState, worker_member
+from workers.celery_app import make_celery_app
+from workers.gpu import gpu_count, hide_gpus, pin_to_gpu
+from workers.tasks import WorkerRuntime, register_tasks
+
+log = logging.getLogger(__name__)
+
+
+def worker_hostname(gpu: int | None) -> str:
+    """The Celery node name: the GPU id and the host, e.g. ``gpu0@node7``."""
+    host = socket.gethostname()
+    return f"gpu{gpu}@{host}" if gpu is not None else f"cpu-{os.getpid()}@{host}"
+
+
+def slots_of(settings: Settings) -> int:
+    """How many batches one worker process runs or holds ready at once."""
+    return 1 if settings.worker.pool == "solo" else settings.worker.concurrency
+
+
+class Heartbeat:
+    """Tells batchers every ``heartbeat_s`` that this worker is alive, and its slot count."""
+
+    def __init__(self, runtime: WorkerRuntime, slots: int) -> None:
+        self._states = [
+            FleetState(runtime.client, runtime.keys, model) for model in runtime.model_names
+        ]
+        self._member = worker_member(runtime.hostname, slots)
+        self._interval_s = runtime.settings.worker.heartbeat_s
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="batchfleet-heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for state in self._states:
+            try:
+                state.leave(self._member)
+            except Exception as exc:
+                log.warning("could not deregister worker: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for state in self._states:
+                try:
+                    state.heartbeat(self._member, self._interval_s * 3)
+                except Exception as exc:
+                    log.warning("heartbeat failed: %s", exc)
+            self._stop.wait(self._interval_s)
+
+
+def run_worker(
+    settings: Settings, models: Sequence[str], gpu: int | None, name: str | None = None
+) -> int:
+    """Runs one Celery worker process serving ``models``; returns its exit code."""
+    device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
+    hostname = name or worker_hostname(gpu)
+    if gpu is None:
+        log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
+    runtime = WorkerRuntime(settings, hostname, device, models)
+    pool = settings.worker.pool
+    if pool == "prefork":
+        worker_process_init.connect(lambda **_: runtime.load_models(), weak=False)
+    else:
+        runtime.load_models()
+    app = make_celery_app(settings)
+    register_tasks(app, runtime)
+    heartbeat = Heartbeat(runtime, slots_of(settings))
+    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    worker_shutting_down.connect(lambda **_: heartbeat.stop(), weak=False)
+    worker = app.Worker(
+        hostname=hostname,
+        pool=pool,
+        concurrency=slots_of(settings),
+        queues=[runtime.keys.celery_queue(model) for model in models],
+        loglevel="INFO",
+        task_events=True,
+        without_gossip=True,
+        without_mingle=True,
+    )
+    worker.start()
+    return int(worker.exitcode or 0)
+
+
+def run_worker_per_gpu(settings: Settings, models: Sequence[str]) -> int:
+    """Starts one pinned worker process per GPU NVML reports (one CPU worker if none)."""
+    count = gpu_count()
+    if count == 0:
+        log.info("no GPU found: starting one CPU worker")
+        return run_worker(settings, models, gpu=None)
+    command = [sys.executable, "-m", "workers.cli", "worker"]
+    for model in models:
+        command += ["--model", model]
+    children = [subprocess.Popen([*command, "--gpu", str(index)]) for index in range(count)]
+    log.info("started %d workers, one per GPU", count)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for child in children:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return max(child.wait() for child in children)
