@@ -23,14 +23,21 @@ from producer.redis_errors import broker_errors
 log = logging.getLogger(__name__)
 
 
+MAX_CONNECTIONS = 32
+
+
 def connect_async(settings: Settings) -> aioredis.Redis:
-    """An asyncio redis-py client for ``settings``, with bounded socket timeouts."""
-    return aioredis.Redis.from_url(
+    """An asyncio redis-py client for ``settings``: bounded socket timeouts, and at most
+    32 connections, for which concurrent calls queue instead of failing."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url.get_secret_value(),
+        max_connections=MAX_CONNECTIONS,
+        timeout=settings.redis_socket_timeout_s,
         socket_timeout=settings.redis_socket_timeout_s,
         socket_connect_timeout=settings.redis_socket_timeout_s,
         health_check_interval=30,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 class AsyncInboxListener:

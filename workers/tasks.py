@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from celery import Celery
 
 from config.errors import InvalidInput, WireFormatError
@@ -27,13 +28,20 @@ log = logging.getLogger(__name__)
 class WorkerRuntime:
     """What one worker process holds: its models (loaded once), its Redis client, its name."""
 
-    def __init__(self, settings: Settings, hostname: str, device: str, models: Sequence[str]):
+    def __init__(
+        self,
+        settings: Settings,
+        hostname: str,
+        device: str,
+        models: Sequence[str],
+        client: redis.Redis | None = None,
+    ) -> None:
         self.settings = settings
         self.hostname = hostname
         self.device = device
         self.model_names = list(models)
         self.keys = Keys(settings.key_prefix)
-        self.client = connect(settings)
+        self.client = client or connect(settings)
         self._models: dict[str, Model] = {}
         self._load_lock = threading.Lock()
 

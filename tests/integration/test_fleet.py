@@ -1,0 +1,92 @@
+"""The whole path for real: producers, a batcher and Celery workers on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from producer.async_client import AsyncProducer
+from workers.local_fleet import LocalFleet
+from workers.models.synthetic import expected_output
+
+from .conftest import check_outputs, producer_for, settings_for, wait_ready
+
+
+def test_thousand_requests_through_producer_each_get_their_own_answer(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """1,000 requests via Producer all come back, each with the right value for its id."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        inputs = [{"n": index, "text": f"item {index}"} for index in range(1000)]
+        ids = producer.submit_many("synthetic", inputs)
+        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    check_outputs(
+        {request_id: result.output for request_id, result in results.items()},
+        {request_id: expected_output(value) for request_id, value in zip(ids, inputs, strict=True)},
+    )
+    sizes = {result.batch_id: result.batch_size for result in results.values()}
+    assert sum(sizes.values()) / len(sizes) > 8, "requests should ride in real batches"
+
+
+def test_infer_returns_outputs_in_input_order(make_fleet: Callable[..., LocalFleet]) -> None:
+    """infer() gathers results and lines them up with the inputs."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        inputs = [f"sentence {index}" for index in range(100)]
+        assert producer.infer("synthetic", inputs, timeout_s=60) == [
+            expected_output(value) for value in inputs
+        ]
+
+
+def test_thousand_requests_through_async_producer(make_fleet: Callable[..., LocalFleet]) -> None:
+    """1,000 requests via AsyncProducer, submitted concurrently, all get their own answer."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker")
+    settings = settings_for({k: v for k, v in fleet.env.items() if k.startswith("BATCHFLEET_")})
+
+    async def scenario() -> dict[str, object]:
+        async with AsyncProducer(settings) as producer:
+            await producer.result(await producer.submit("synthetic", "warmup"), timeout_s=60)
+            singles = await asyncio.gather(
+                *(producer.submit("synthetic", {"n": index}) for index in range(500))
+            )
+            many = await producer.submit_many("synthetic", [{"n": i} for i in range(500, 1000)])
+            ids = [*singles, *many]
+            outputs = {
+                result.request_id: result.output
+                async for result in producer.results(ids, timeout_s=120)
+            }
+            assert await producer.infer("synthetic", ["x", "y"], timeout_s=30) == [
+                expected_output("x"),
+                expected_output("y"),
+            ]
+            return {"ids": ids, "outputs": outputs}
+
+    outcome = asyncio.run(scenario())
+    ids: list[str] = outcome["ids"]  # type: ignore[assignment]
+    check_outputs(
+        outcome["outputs"],  # type: ignore[arg-type]
+        {request_id: expected_output({"n": index}) for index, request_id in enumerate(ids)},
+    )
+
+
+def test_two_workers_share_the_load(make_fleet: Callable[..., LocalFleet]) -> None:
+    """With two workers up, both run batches of the same burst."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker", "--name", "one@test")
+    fleet.start("worker", "--name", "two@test")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        ids = producer.submit_many("synthetic", list(range(1000)))
+        results = list(producer.results(ids, timeout_s=120))
+    assert len(results) == 1000 and all(result.ok for result in results)
+    assert {result.worker for result in results} == {"one@test", "two@test"}

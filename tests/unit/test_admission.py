@@ -1,0 +1,116 @@
+"""Admission at the edge: typed refusals, nothing enqueued, idempotent ids (fakeredis)."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from config.errors import (
+    DeadlinePassed,
+    InputTooLarge,
+    InvalidInput,
+    QueueFull,
+    RequestIdConflict,
+    ResultTimeout,
+    UnknownModel,
+    UnknownRequest,
+)
+from config.keys import Keys
+from producer.client import Producer
+
+STREAM = Keys("bf").requests("synthetic")
+
+
+def queued(client: fakeredis.FakeRedis) -> int:
+    return int(client.xlen(STREAM)) if client.exists(STREAM) else 0
+
+
+def test_submit_enqueues_one_entry_and_returns_an_id(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """An accepted request is one stream entry and has an admission record."""
+    request_id = producer.submit("synthetic", {"text": "hi"})
+    assert queued(fake_redis) == 1
+    assert fake_redis.exists(Keys("bf").request(request_id))
+
+
+@pytest.mark.parametrize(
+    ("model", "value", "error"),
+    [
+        ("nope", 1, UnknownModel),
+        ("synthetic", {1, 2}, InvalidInput),
+        ("synthetic", float("inf"), InvalidInput),
+        ("synthetic", "x" * 2000, InputTooLarge),
+    ],
+)
+def test_bad_input_is_refused_with_a_typed_error_and_nothing_enqueued(
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    model: str,
+    value: object,
+    error: type[Exception],
+) -> None:
+    """Unknown model, non-JSON input and oversized input never reach the queue."""
+    with pytest.raises(error):
+        producer.submit(model, value)
+    assert queued(fake_redis) == 0
+
+
+def test_past_deadline_is_refused(producer: Producer, fake_redis: fakeredis.FakeRedis) -> None:
+    """A deadline already past is refused at submit."""
+    with pytest.raises(DeadlinePassed):
+        producer.submit("synthetic", 1, deadline_s=0)
+    assert queued(fake_redis) == 0
+
+
+@pytest.mark.parametrize("request_id", ["", "has space", "x" * 201, "tab\t"])
+def test_malformed_request_ids_are_refused(producer: Producer, request_id: str) -> None:
+    """A caller's id must be short, printable and free of spaces."""
+    with pytest.raises(InvalidInput):
+        producer.submit("synthetic", 1, request_id=request_id)
+
+
+def test_resubmitting_an_id_does_not_enqueue_twice(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """The same id with the same input is accepted once; with another input it is refused."""
+    assert producer.submit("synthetic", {"a": 1}, request_id="job-1") == "job-1"
+    assert producer.submit("synthetic", {"a": 1}, request_id="job-1") == "job-1"
+    assert queued(fake_redis) == 1
+    with pytest.raises(RequestIdConflict):
+        producer.submit("synthetic", {"a": 2}, request_id="job-1")
+    assert queued(fake_redis) == 1
+
+
+def test_full_queue_refuses_fast_and_reports_what_was_accepted(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """At max_queue_len the queue refuses with QueueFull; earlier ids of the call are kept."""
+    with pytest.raises(QueueFull) as caught:
+        producer.submit_many("synthetic", list(range(15)))
+    assert len(caught.value.accepted_ids) == 10  # type: ignore[attr-defined]
+    assert queued(fake_redis) == 10
+    with pytest.raises(QueueFull):
+        producer.submit("synthetic", "one more")
+
+
+def test_submit_many_validates_everything_before_enqueuing(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """One bad input in a list refuses the whole call; nothing is enqueued."""
+    with pytest.raises(InvalidInput):
+        producer.submit_many("synthetic", [1, 2, {3}])
+    assert queued(fake_redis) == 0
+
+
+def test_result_of_an_unknown_id_fails_at_once(producer: Producer) -> None:
+    """Asking for an id never accepted raises UnknownRequest instead of waiting."""
+    with pytest.raises(UnknownRequest):
+        producer.result("never-submitted", timeout_s=30)
+
+
+def test_waiting_past_the_timeout_raises_result_timeout(producer: Producer) -> None:
+    """A pending request with no worker ends the wait with ResultTimeout, not a hang."""
+    request_id = producer.submit("synthetic", 1)
+    with pytest.raises(ResultTimeout):
+        producer.result(request_id, timeout_s=0.05)

@@ -1,0 +1,237 @@
+"""The batcher's turn and the worker's batch task against fakeredis, called directly."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import fakeredis
+import pytest
+
+from config.keys import CONSUMER_GROUP, Keys
+from config.schema import STREAM_FIELD, Request, Result
+from config.settings import ModelPolicy, Settings
+from producer.admission import ProducerCore
+from producer.client import Producer
+from workers.batcher import ModelBatcher
+from workers.capacity import FleetState, worker_member
+from workers.models.synthetic import expected_output
+from workers.tasks import WorkerRuntime
+
+KEYS = Keys("bf")
+STREAM = KEYS.requests("synthetic")
+
+
+class RecordingCelery:
+    """Stands in for the Celery app: records the batches the batcher publishes."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send_task(self, name: str, args: list[Any], queue: str) -> None:
+        self.sent.append({"name": name, "args": args, "queue": queue})
+
+
+class FailingModel:
+    """A model whose every batch raises."""
+
+    version = "1"
+
+    def setup(self, device: str) -> None:
+        pass
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        raise RuntimeError("CUDA out of memory")
+
+
+class ShortModel(FailingModel):
+    """A model that forgets its last output."""
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        return list(batch)[:-1]
+
+
+@pytest.fixture
+def celery() -> RecordingCelery:
+    return RecordingCelery()
+
+
+@pytest.fixture
+def batcher(
+    settings: Settings, fake_redis: fakeredis.FakeRedis, celery: RecordingCelery
+) -> ModelBatcher:
+    batcher = ModelBatcher(
+        settings,
+        "synthetic",
+        client=fake_redis,
+        celery=celery,  # type: ignore[arg-type]
+        consumer="b1",
+    )
+    batcher._ensure_group()
+    return batcher
+
+
+def add_worker(client: fakeredis.FakeRedis, slots: int = 1) -> None:
+    FleetState(client, KEYS, "synthetic").heartbeat(worker_member("w1", slots), 30)
+
+
+def stored_result(client: fakeredis.FakeRedis, request_id: str) -> Result:
+    raw = client.get(KEYS.result(request_id))
+    assert raw is not None, f"no result for {request_id}"
+    return Result.decode(raw)
+
+
+def test_full_batch_becomes_one_celery_task(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """max_batch_size requests go out as ONE task on the model's queue, entries still pending."""
+    add_worker(fake_redis)
+    ids = producer.submit_many("synthetic", ["a", "b", "c", "d"])
+    batcher.step()
+    batcher.step()
+    assert len(celery.sent) == 1
+    task = celery.sent[0]
+    assert task["queue"] == "bf.synthetic"
+    model, _, entries = task["args"]
+    assert model == "synthetic"
+    assert [Request.decode(raw).request_id for _, raw in entries] == ids
+    assert fake_redis.xpending(STREAM, CONSUMER_GROUP)["pending"] == 4
+
+
+def test_no_live_worker_means_no_dispatch(
+    batcher: ModelBatcher, producer: Producer, celery: RecordingCelery
+) -> None:
+    """Without a live worker the batcher holds requests instead of piling tasks up."""
+    producer.submit_many("synthetic", ["a", "b", "c", "d"])
+    batcher.step()
+    batcher.step()
+    assert celery.sent == []
+
+
+def test_expired_request_gets_an_expired_error_and_is_never_sent(
+    batcher: ModelBatcher,
+    settings: Settings,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """A request past its deadline in the queue ends 'expired' and leaves the stream."""
+    add_worker(fake_redis)
+    prepared = ProducerCore(settings).prepare("synthetic", "late", deadline_s=5)
+    stale = prepared.request.model_copy(update={"deadline_at": time.time() - 1})
+    fake_redis.set(KEYS.request(stale.request_id), stale.digest)
+    fake_redis.xadd(STREAM, {STREAM_FIELD: stale.encode()})
+    batcher.step()
+    batcher.step()
+    assert stored_result(fake_redis, stale.request_id).error.code == "expired"  # type: ignore[union-attr]
+    assert celery.sent == []
+    assert fake_redis.xlen(STREAM) == 0
+
+
+def test_malformed_stream_entries_never_crash_the_batcher(
+    batcher: ModelBatcher, fake_redis: fakeredis.FakeRedis, celery: RecordingCelery
+) -> None:
+    """A hand-written bad entry with an id gets invalid_input; one without an id is dropped."""
+    add_worker(fake_redis)
+    fake_redis.xadd(STREAM, {STREAM_FIELD: json.dumps({"request_id": "bad-1", "input": 1})})
+    fake_redis.xadd(STREAM, {STREAM_FIELD: "not json at all"})
+    fake_redis.xadd(STREAM, {"other": "field"})
+    batcher.step()
+    batcher.step()
+    assert stored_result(fake_redis, "bad-1").error.code == "invalid_input"  # type: ignore[union-attr]
+    assert celery.sent == []
+    assert fake_redis.xlen(STREAM) == 0
+
+
+def run_one_batch(
+    runtime: WorkerRuntime,
+    client: fakeredis.FakeRedis,
+    batcher: ModelBatcher,
+    celery: RecordingCelery,
+) -> dict[str, Any]:
+    add_worker(client)
+    batcher.step()
+    batcher.step()
+    model, batch_id, entries = celery.sent[-1]["args"]
+    return runtime.run_batch(model, batch_id, entries)
+
+
+def test_batch_task_writes_each_result_and_clears_the_ledger(
+    settings: Settings,
+    fake_redis: fakeredis.FakeRedis,
+    producer: Producer,
+    batcher: ModelBatcher,
+    celery: RecordingCelery,
+) -> None:
+    """Every request gets its own output; the stream entries are acked and deleted."""
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+    inputs = [{"n": 1}, "two", [3], None]
+    ids = producer.submit_many("synthetic", inputs)
+    run_one_batch(runtime, fake_redis, batcher, celery)
+    for request_id, value in zip(ids, inputs, strict=True):
+        result = stored_result(fake_redis, request_id)
+        assert result.output == expected_output(value)
+        assert result.batch_size == 4
+    assert fake_redis.xlen(STREAM) == 0
+    delivered = {r.request_id: r.output for r in producer.results(ids, timeout_s=5)}
+    assert delivered == {
+        request_id: expected_output(value) for request_id, value in zip(ids, inputs, strict=True)
+    }
+
+
+def test_redelivered_batch_keeps_the_first_answer(
+    settings: Settings,
+    fake_redis: fakeredis.FakeRedis,
+    producer: Producer,
+    batcher: ModelBatcher,
+    celery: RecordingCelery,
+) -> None:
+    """Running the same batch twice does not write a second, different answer."""
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+    ids = producer.submit_many("synthetic", [1, 2, 3, 4])
+    run_one_batch(runtime, fake_redis, batcher, celery)
+    first = {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids}
+    model, batch_id, entries = celery.sent[-1]["args"]
+    summary = runtime.run_batch(model, batch_id, entries)
+    assert summary["ran"] == 0
+    assert {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids} == first
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        ("tests.unit.test_batch_path:FailingModel", "CUDA out of memory"),
+        ("tests.unit.test_batch_path:ShortModel", "3 outputs for 4 inputs"),
+    ],
+)
+def test_model_failure_answers_every_request_with_model_error(
+    fake_redis: fakeredis.FakeRedis,
+    backend: str,
+    message: str,
+) -> None:
+    """A model that raises or miscounts its outputs ends each request with model_error."""
+    settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
+    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
+    celery = RecordingCelery()
+    batcher = ModelBatcher(
+        settings,
+        "synthetic",
+        client=fake_redis,
+        celery=celery,  # type: ignore[arg-type]
+        consumer="b1",
+    )
+    batcher._ensure_group()
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
+        ids = producer.submit_many("synthetic", [1, 2, 3, 4])
+        run_one_batch(runtime, fake_redis, batcher, celery)
+        for request_id in ids:
+            error = stored_result(fake_redis, request_id).error
+            assert error is not None and error.code == "model_error"
+            assert message in error.message
+    assert fake_redis.xlen(STREAM) == 0

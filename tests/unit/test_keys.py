@@ -1,0 +1,24 @@
+"""Every Redis key string is pinned: changing one breaks running fleets."""
+
+from config.keys import CONSUMER_GROUP, Keys
+
+
+def test_every_key_has_its_exact_string() -> None:
+    """Keys are built under one prefix with ':' separators, exactly as documented."""
+    keys = Keys("bf")
+    assert keys.requests("m") == "bf:m:m:requests"
+    assert keys.inflight("m") == "bf:m:m:inflight"
+    assert keys.slot_free("m") == "bf:m:m:slot_free"
+    assert keys.workers("m") == "bf:m:m:workers"
+    assert keys.request("r1") == "bf:r:r1"
+    assert keys.waiters("r1") == "bf:w:r1"
+    assert keys.result("r1") == "bf:res:r1"
+    assert keys.inbox("p1") == "bf:inbox:p1"
+    assert keys.celery_queue("m") == "bf.m"
+    assert CONSUMER_GROUP == "batchers"
+
+
+def test_prefix_separates_fleets() -> None:
+    """Two prefixes never share a key, so fleets can share one Redis."""
+    assert Keys("a").result("x") != Keys("b").result("x")
+    assert Keys("a").requests("m").startswith("a:")

@@ -1,0 +1,81 @@
+"""The batch-forming decision, with a fake clock."""
+
+from __future__ import annotations
+
+from config.schema import Request
+from config.settings import ModelPolicy
+from workers.policy import Pending, plan_batch
+
+POLICY = ModelPolicy(max_batch_size=4, max_wait_s=0.015)
+
+
+def pending(index: int, arrived_at: float, deadline_at: float = 100.0) -> Pending:
+    request = Request(
+        request_id=f"r{index}",
+        model="m",
+        input=index,
+        digest="d",
+        submitted_at=0.0,
+        deadline_at=0.0,
+    )
+    return Pending(
+        entry_id=f"{index}-0",
+        request=request,
+        raw="",
+        arrived_at=arrived_at,
+        deadline_at=deadline_at,
+    )
+
+
+def test_full_batch_flushes_at_once_on_size() -> None:
+    """max_batch_size requests leave together, oldest first, without waiting."""
+    items = [pending(i, arrived_at=10.0 + i * 0.001) for i in (5, 1, 3, 2, 4)]
+    plan = plan_batch(items, POLICY, now=10.006, free_slots=1)
+    assert plan.flush_reason == "size"
+    assert [item.request.request_id for item in plan.batch] == ["r1", "r2", "r3", "r4"]
+
+
+def test_partial_batch_waits_for_the_oldest_request_window() -> None:
+    """Fewer than max_batch_size wait until the oldest has waited max_wait_s, and no longer."""
+    items = [pending(1, arrived_at=10.0), pending(2, arrived_at=10.010)]
+    early = plan_batch(items, POLICY, now=10.005, free_slots=1)
+    assert early.batch == () and early.wait_s is not None
+    assert abs(early.wait_s - 0.010) < 1e-9
+    due = plan_batch(items, POLICY, now=10.015, free_slots=1)
+    assert due.flush_reason == "wait"
+    assert len(due.batch) == 2
+
+
+def test_window_is_measured_from_the_oldest_request_not_a_timer() -> None:
+    """A newer request does not restart the window of an older one."""
+    items = [pending(1, arrived_at=10.0), pending(2, arrived_at=10.014)]
+    assert plan_batch(items, POLICY, now=10.0151, free_slots=1).flush_reason == "wait"
+
+
+def test_no_free_slot_holds_requests_to_gather_a_fuller_batch() -> None:
+    """While every worker slot is busy nothing is sent, even past the window or at full size."""
+    items = [pending(i, arrived_at=10.0) for i in range(6)]
+    plan = plan_batch(items, POLICY, now=11.0, free_slots=0)
+    assert plan.batch == ()
+    assert plan.wait_s is not None and plan.wait_s > 0
+
+
+def test_requests_past_their_deadline_expire_and_never_join_a_batch() -> None:
+    """Expired requests are returned separately; the rest still batch."""
+    items = [pending(1, arrived_at=10.0, deadline_at=10.01), pending(2, arrived_at=10.0)]
+    plan = plan_batch(items, POLICY, now=10.02, free_slots=1)
+    assert [item.request.request_id for item in plan.expired] == ["r1"]
+    assert [item.request.request_id for item in plan.batch] == ["r2"]
+
+
+def test_wait_is_bounded_by_the_next_deadline() -> None:
+    """With no slot free the batcher still wakes when the earliest request would expire."""
+    items = [pending(1, arrived_at=10.0, deadline_at=10.5)]
+    plan = plan_batch(items, POLICY, now=10.1, free_slots=0)
+    assert plan.wait_s is not None and abs(plan.wait_s - 0.4) < 1e-9
+
+
+def test_nothing_pending_means_nothing_due() -> None:
+    """An empty buffer sends nothing and has no timer."""
+    plan = plan_batch([], POLICY, now=10.0, free_slots=3)
+    assert plan.batch == () and plan.expired == () and plan.wait_s is None

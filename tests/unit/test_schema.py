@@ -1,0 +1,78 @@
+"""The wire format: versioned JSON in, typed errors out."""
+
+import json
+
+import pytest
+
+from config.errors import InvalidInput, ModelError, RequestExpired, WireFormatError
+from config.schema import ErrorInfo, Request, Result, canonical_json, input_digest
+
+
+def make_request(**overrides: object) -> Request:
+    fields: dict[str, object] = dict(
+        request_id="r1",
+        model="m",
+        input={"b": 1, "a": [1, 2]},
+        digest="d",
+        submitted_at=1.0,
+        deadline_at=2.0,
+    )
+    fields.update(overrides)
+    return Request(**fields)  # type: ignore[arg-type]
+
+
+def test_request_round_trips_as_versioned_json() -> None:
+    """A request decodes to what was encoded, and says its schema version on the wire."""
+    request = make_request()
+    wire = request.encode()
+    assert json.loads(wire)["schema_version"] == 1
+    assert Request.decode(wire) == request
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json",
+        "{}",
+        json.dumps({**json.loads(make_request().encode()), "schema_version": 2}),
+        json.dumps({**json.loads(make_request().encode()), "extra": 1}),
+    ],
+)
+def test_malformed_request_raises_wire_format_error(raw: str) -> None:
+    """Garbage, missing fields, another version or unknown fields are refused with the raw text."""
+    with pytest.raises(WireFormatError) as caught:
+        Request.decode(raw)
+    assert caught.value.raw == raw
+
+
+def test_canonical_json_sorts_keys_and_refuses_what_json_cannot_carry() -> None:
+    """Key order does not change the digest; sets, bytes and NaN are invalid input."""
+    assert canonical_json({"b": 1, "a": 2}) == '{"a":2,"b":1}'
+    assert input_digest("m", canonical_json({"b": 1, "a": 2})) == input_digest(
+        "m", canonical_json({"a": 2, "b": 1})
+    )
+    assert input_digest("m", "1") != input_digest("n", "1")
+    for bad in ({1, 2}, b"bytes", float("nan"), object()):
+        with pytest.raises(InvalidInput):
+            canonical_json(bad)
+
+
+def test_result_unwrap_raises_the_error_for_its_code() -> None:
+    """An error result raises the exception class of its code, carrying the request id."""
+    ok = Result(request_id="r", model="m", output=[1], finished_at=1.0)
+    assert ok.ok and ok.unwrap() == [1]
+    expired = Result(
+        request_id="r", model="m", finished_at=1.0, error=ErrorInfo(code="expired", message="late")
+    )
+    with pytest.raises(RequestExpired) as caught:
+        expired.unwrap()
+    assert caught.value.request_id == "r"
+    failed = Result(
+        request_id="r",
+        model="m",
+        finished_at=1.0,
+        error=ErrorInfo(code="model_error", message="boom"),
+    )
+    with pytest.raises(ModelError, match="boom"):
+        failed.unwrap()
+    assert Result.decode(failed.encode()) == failed

@@ -1,0 +1,75 @@
+"""Settings load from the environment and a TOML file, and refuse inconsistent limits."""
+
+from pathlib import Path
+
+import pytest
+
+from config.errors import ConfigError
+from config.settings import load_settings
+
+
+def test_defaults_serve_one_synthetic_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no configuration the fleet serves 'synthetic' with max batch 32 and a 15 ms wait."""
+    monkeypatch.delenv("BATCHFLEET_CONFIG", raising=False)
+    settings = load_settings()
+    policy = settings.policy("synthetic")
+    assert list(settings.models) == ["synthetic"]
+    assert (policy.backend, policy.max_batch_size, policy.max_wait_s) == ("synthetic", 32, 0.015)
+
+
+def test_environment_overrides_nested_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATCHFLEET_REDIS_URL and nested BATCHFLEET_X__Y variables reach the settings."""
+    monkeypatch.setenv("BATCHFLEET_REDIS_URL", "redis://:secret@host:1/2")
+    monkeypatch.setenv("BATCHFLEET_MODELS__SYNTHETIC__MAX_BATCH_SIZE", "8")
+    monkeypatch.setenv("BATCHFLEET_WORKER__CONCURRENCY", "3")
+    settings = load_settings()
+    assert settings.redis_url.get_secret_value() == "redis://:secret@host:1/2"
+    assert "secret" not in repr(settings)
+    assert settings.policy("synthetic").max_batch_size == 8
+    assert settings.worker.concurrency == 3
+
+
+def test_toml_file_configures_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A TOML file named by BATCHFLEET_CONFIG adds models; the environment still wins."""
+    config = tmp_path / "batchfleet.toml"
+    config.write_text(
+        'key_prefix = "prod"\n[models.small]\nbackend = "synthetic"\nmax_batch_size = 4\n'
+        "[models.small.options]\nbase_ms = 1\n"
+    )
+    monkeypatch.setenv("BATCHFLEET_CONFIG", str(config))
+    monkeypatch.setenv("BATCHFLEET_KEY_PREFIX", "env")
+    settings = load_settings()
+    assert settings.key_prefix == "env"
+    assert settings.policy("small").max_batch_size == 4
+    assert settings.policy("small").options == {"base_ms": 1}
+
+
+def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BATCHFLEET_CONFIG that names no file fails with one clear error."""
+    monkeypatch.setenv("BATCHFLEET_CONFIG", "/nonexistent/batchfleet.toml")
+    with pytest.raises(ConfigError, match="no such file"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("WORKER__TIME_LIMIT_S", "10"),
+        ("WORKER__VISIBILITY_TIMEOUT_S", "25"),
+        ("BATCHER__RECLAIM_LEASE_S", "40"),
+    ],
+)
+def test_time_limits_must_be_ordered(
+    monkeypatch: pytest.MonkeyPatch, field: str, value: str
+) -> None:
+    """soft < hard time limit < visibility timeout < reclaim lease, or the fleet refuses to start."""
+    monkeypatch.setenv(f"BATCHFLEET_{field}", value)
+    with pytest.raises(ConfigError, match="must be below"):
+        load_settings()
+
+
+def test_bad_values_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong value is reported with the field it belongs to."""
+    monkeypatch.setenv("BATCHFLEET_MODELS__SYNTHETIC__MAX_BATCH_SIZE", "0")
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        load_settings()
