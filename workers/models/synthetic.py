@@ -26,11 +26,11 @@ class SyntheticModel:
 
     version = "1"
 
-    def __init__(self, base_ms: float = 20.0, per_item_ms: float = 0.5) -> None:
-        if base_ms < 0 or per_item_ms < 0:
+    def __init__(self, base_ms: float | str = 20.0, per_item_ms: float | str = 0.5) -> None:
+        self.base_ms = float(base_ms)
+        self.per_item_ms = float(per_item_ms)
+        if self.base_ms < 0 or self.per_item_ms < 0:
             raise ValueError("base_ms and per_item_ms must be >= 0")
-        self.base_ms = base_ms
-        self.per_item_ms = per_item_ms
 
     def setup(self, device: str) -> None:
         self.device = device
