@@ -9,7 +9,9 @@ import sys
 import pytest
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     clean = {key: value for key, value in os.environ.items() if not key.startswith("BATCHFLEET_")}
     return subprocess.run(
         [sys.executable, "-m", "workers.cli", *args],

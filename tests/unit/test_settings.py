@@ -62,7 +62,7 @@ def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) 
 def test_time_limits_must_be_ordered(
     monkeypatch: pytest.MonkeyPatch, field: str, value: str
 ) -> None:
-    """soft < hard time limit < visibility timeout < reclaim lease, or the fleet refuses to start."""
+    """soft < hard limit < visibility timeout < reclaim lease, or the fleet refuses to start."""
     monkeypatch.setenv(f"BATCHFLEET_{field}", value)
     with pytest.raises(ConfigError, match="must be below"):
         load_settings()
