@@ -65,7 +65,15 @@ class DeadlinePassed(RequestRejected):
 
 
 class QueueFull(RequestRejected):
-    """Raised when the model's queue holds max_queue_len requests."""
+    """Raised when the model's queue holds max_queue_len requests.
+
+    ``accepted_ids`` lists what a ``submit_many`` call did enqueue before and around the
+    refusal: those requests will be answered.
+    """
+
+    def __init__(self, message: str, accepted_ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.accepted_ids = accepted_ids or []
 
 
 class RequestIdConflict(RequestRejected):

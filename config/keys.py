@@ -14,7 +14,7 @@ key                         type    writer                    reader            
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
-``bf:w:{request_id}``       set     producer (admit, watch)   worker (finalize)  as ``bf:r:…``
+``bf:w:{request_id}``       set     producer (waiting)        worker (finalize)  as ``bf:r:…``
 ``bf:res:{request_id}``     string  worker, batcher           producer           result_ttl_s
 ``bf:inbox:{producer_id}``  list    worker, batcher           producer (BLPOP)   result_ttl_s
 ==========================  ======  ========================  =================  ===============

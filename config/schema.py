@@ -18,14 +18,35 @@ from config.errors import InvalidInput, RequestFailed, WireFormatError, failure_
 STREAM_FIELD = "request"
 
 ErrorCode = Literal["expired", "invalid_input", "model_error"]
+MAX_NESTING = 100
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (a scalar is 0), without recursion."""
+    depth = 0
+    level = [value]
+    while level:
+        containers = [item for item in level if isinstance(item, (list, tuple, dict))]
+        if not containers:
+            break
+        depth += 1
+        level = [
+            child
+            for container in containers
+            for child in (container.values() if isinstance(container, dict) else container)
+        ]
+    return depth
 
 
 def canonical_json(value: Any) -> str:
     """Encodes ``value`` as compact JSON with sorted keys, the form that is hashed and sent.
 
     Raises:
-        InvalidInput: the value is not JSON-serialisable (sets, bytes, NaN, objects, …).
+        InvalidInput: the value is not JSON-serialisable (sets, bytes, NaN, objects, …) or
+            nests deeper than ``MAX_NESTING`` levels.
     """
+    if nesting_depth(value) > MAX_NESTING:
+        raise InvalidInput(f"value nests deeper than {MAX_NESTING} levels")
     try:
         return json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -42,7 +63,7 @@ def input_digest(model: str, input_json: str) -> str:
 class Request(BaseModel):
     """One accepted request as it sits in the stream and travels in a batch."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1] = 1
     request_id: str
@@ -65,6 +86,8 @@ class Request(BaseModel):
                 f"malformed request: {exc.error_count()} error(s): {exc.errors()[0]['msg']}",
                 raw=raw,
             ) from exc
+        except (ValueError, RecursionError) as exc:
+            raise WireFormatError(f"malformed request: {exc}", raw=raw) from exc
 
 
 class ErrorInfo(BaseModel):
@@ -79,7 +102,7 @@ class ErrorInfo(BaseModel):
 class Result(BaseModel):
     """A request's one final answer: an output, or an error."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1] = 1
     request_id: str
@@ -123,3 +146,5 @@ class Result(BaseModel):
             return cls.model_validate_json(raw)
         except ValidationError as exc:
             raise WireFormatError(f"malformed result: {exc.errors()[0]['msg']}", raw=raw) from exc
+        except (ValueError, RecursionError) as exc:
+            raise WireFormatError(f"malformed result: {exc}", raw=raw) from exc

@@ -6,6 +6,7 @@ decide is decided here.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -26,22 +27,19 @@ from config.schema import STREAM_FIELD, Request, Result, canonical_json, input_d
 from config.settings import Settings
 
 MAX_REQUEST_ID_LEN = 200
+MAX_DEADLINE_S = 7 * 24 * 3600.0
 
-# KEYS: stream, request record, waiters
-# ARGV: digest, request json, max_queue_len, record ttl ms, inbox key, stream field
+# KEYS: stream, request record
+# ARGV: digest, request json, max_queue_len, record ttl ms, stream field
 ADMIT_SCRIPT = """
 local record = redis.call('GET', KEYS[2])
 if record then
   if record ~= ARGV[1] then return 'conflict' end
-  redis.call('SADD', KEYS[3], ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
   return 'duplicate'
 end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'full' end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])
-redis.call('SADD', KEYS[3], ARGV[5])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
-redis.call('XADD', KEYS[1], '*', ARGV[6], ARGV[2])
+redis.call('XADD', KEYS[1], '*', ARGV[5], ARGV[2])
 return 'accepted'
 """
 
@@ -103,8 +101,12 @@ class ProducerCore:
                 f"input of {size} bytes is over the {policy.max_input_bytes}-byte cap of {model!r}"
             )
         timeout_s = policy.request_timeout_s if deadline_s is None else deadline_s
+        if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+            raise InvalidInput(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
         if timeout_s <= 0:
             raise DeadlinePassed(f"request {request_id}: deadline {timeout_s}s is already past")
+        if timeout_s > MAX_DEADLINE_S:
+            raise InvalidInput(f"deadline_s {timeout_s} is over the {MAX_DEADLINE_S:.0f}s maximum")
         now = time.time()
         digest = input_digest(model, input_json)
         request = Request(
@@ -115,22 +117,15 @@ class ProducerCore:
             submitted_at=now,
             deadline_at=now + timeout_s,
         )
+        try:
+            encoded = request.encode()
+        except ValueError as exc:  # pydantic's serialiser refuses what JSON cannot carry
+            raise InvalidInput(f"input cannot be encoded: {exc}") from exc
         record_ttl_ms = int((timeout_s + policy.result_ttl_s) * 1000)
         return Prepared(
             request=request,
-            keys=[
-                self.keys.requests(model),
-                self.keys.request(request_id),
-                self.keys.waiters(request_id),
-            ],
-            args=[
-                digest,
-                request.encode(),
-                policy.max_queue_len,
-                record_ttl_ms,
-                self.inbox,
-                STREAM_FIELD,
-            ],
+            keys=[self.keys.requests(model), self.keys.request(request_id)],
+            args=[digest, encoded, policy.max_queue_len, record_ttl_ms, STREAM_FIELD],
         )
 
     @staticmethod
@@ -163,6 +158,26 @@ class ProducerCore:
                 f"request id {request.request_id!r} was already used with another model or input"
             )
         raise InvalidInput(f"unexpected admission reply {status!r}")
+
+    def check_chunk(
+        self, chunk: Sequence[Prepared], replies: Sequence[Any]
+    ) -> tuple[list[str], QueueFull | None]:
+        """The ids a chunk's replies accepted, and the first QueueFull refusal if any (later
+        items may still be accepted: workers free room while a chunk runs).
+
+        Raises:
+            RequestIdConflict: an id was reused with another input.
+        """
+        accepted: list[str] = []
+        refusal: QueueFull | None = None
+        for item, reply in zip(chunk, replies, strict=True):
+            try:
+                self.check_admission(item, reply)
+            except QueueFull as exc:
+                refusal = refusal or exc
+                continue
+            accepted.append(item.request.request_id)
+        return accepted, refusal
 
     def watch_call(self, request_id: str) -> tuple[list[str], list[str]]:
         """The keys and args of the watch script for ``request_id``."""

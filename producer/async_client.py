@@ -13,7 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from config.errors import BrokerUnavailable, QueueFull, ResultTimeout, WireFormatError
+from config.errors import BrokerUnavailable, ResultTimeout, WireFormatError
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.admission import ADMIT_SCRIPT, WATCH_SCRIPT, ProducerCore, chunks
@@ -156,13 +156,11 @@ class AsyncProducer:
                 for item in chunk:
                     await self._admit(keys=item.keys, args=item.args, client=pipe)
                 replies = await pipe.execute()
-            for item, reply in zip(chunk, replies, strict=True):
-                try:
-                    self._core.check_admission(item, reply)
-                except QueueFull as exc:
-                    exc.accepted_ids = accepted  # type: ignore[attr-defined]
-                    raise
-                accepted.append(item.request.request_id)
+            ids, refusal = self._core.check_chunk(chunk, replies)
+            accepted.extend(ids)
+            if refusal is not None:
+                refusal.accepted_ids = accepted
+                raise refusal
         return accepted
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from config.errors import BrokerUnavailable, QueueFull, ResultTimeout, WireFormatError
+from config.errors import BrokerUnavailable, ResultTimeout, WireFormatError
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.admission import ADMIT_SCRIPT, WATCH_SCRIPT, ProducerCore, chunks
@@ -170,7 +170,7 @@ class Producer:
         Every input is validated before any is enqueued.
 
         Raises:
-            QueueFull: the queue filled part way; ``accepted_ids`` lists those enqueued before.
+            QueueFull: the queue filled part way; ``accepted_ids`` lists the ids enqueued.
             RequestRejected: (another subclass) an input was refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
@@ -182,13 +182,11 @@ class Producer:
                 for item in chunk:
                     self._admit(keys=item.keys, args=item.args, client=pipe)
                 replies = pipe.execute()
-            for item, reply in zip(chunk, replies, strict=True):
-                try:
-                    self._core.check_admission(item, reply)
-                except QueueFull as exc:
-                    exc.accepted_ids = accepted  # type: ignore[attr-defined]
-                    raise
-                accepted.append(item.request.request_id)
+            ids, refusal = self._core.check_chunk(chunk, replies)
+            accepted.extend(ids)
+            if refusal is not None:
+                refusal.accepted_ids = accepted
+                raise refusal
         return accepted
 
     def result(self, request_id: str, timeout_s: float | None = None) -> Any:

@@ -25,6 +25,7 @@ from config.errors import WireFormatError
 from config.keys import CONSUMER_GROUP, Keys
 from config.schema import STREAM_FIELD, Request
 from config.settings import Settings
+from producer.admission import MAX_REQUEST_ID_LEN
 from producer.client import connect
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
@@ -38,6 +39,26 @@ RETRY_PAUSE_S = 0.5
 # Redis checks blocked clients' timeouts on its ~100 ms cron tick (hz 10), so a BLOCK shorter
 # than this wakes late; such waits are slept here, then the stream is read without blocking.
 PRECISE_BLOCK_S = 0.1
+# While every worker slot is busy the batcher holds up to this many batches' worth of requests,
+# so that deadlines pass over a deep backlog, not only over the next batch.
+HELD_BATCHES_WHILE_BUSY = 8
+
+# Forgets consumers (dead batchers, departed workers) that hold nothing and have been idle
+# past the lease; atomic, so a consumer that just took entries is never deleted with them.
+# KEYS: stream; ARGV: group, min idle ms, own consumer name
+PRUNE_CONSUMERS_SCRIPT = """
+local removed = 0
+for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local fields = {}
+  for i = 1, #consumer, 2 do fields[consumer[i]] = consumer[i + 1] end
+  if fields['pending'] == 0 and fields['idle'] > tonumber(ARGV[2])
+      and fields['name'] ~= ARGV[3] then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], fields['name'])
+    removed = removed + 1
+  end
+end
+return removed
+"""
 
 
 def default_batcher_name() -> str:
@@ -46,7 +67,8 @@ def default_batcher_name() -> str:
 
 
 def to_text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """Redis bytes as text; bytes that are not UTF-8 are replaced, never fatal."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class ModelBatcher:
@@ -71,6 +93,7 @@ class ModelBatcher:
         self._celery = celery
         self._state = FleetState(client, self.keys, model)
         self._writer = ResultWriter(client, self.keys, model)
+        self._prune_consumers = client.register_script(PRUNE_CONSUMERS_SCRIPT)
         self._lease_s = settings.batcher.reclaim_lease_s
         self._pending: dict[str, Pending] = {}
         self._next_reclaim = 0.0
@@ -115,6 +138,8 @@ class ModelBatcher:
             return plan
         wait_s = min(plan.wait_s if plan.wait_s is not None else MAX_BLOCK_S, MAX_BLOCK_S)
         room = self.policy.max_batch_size - len(self._pending)
+        if free <= 0:
+            room += self.policy.max_batch_size * (HELD_BATCHES_WHILE_BUSY - 1)
         if free > 0 and self._pending and wait_s < PRECISE_BLOCK_S:
             time.sleep(wait_s)
             self._take(self._read(count=room, block_s=None))
@@ -173,6 +198,9 @@ class ModelBatcher:
             self._take(claimed)
             if cursor == "0-0":
                 break
+        self._prune_consumers(
+            keys=[self.stream], args=[CONSUMER_GROUP, int(self._lease_s * 2000), self.consumer]
+        )
 
     def _take(self, entries: Sequence[tuple[Any, dict[Any, Any]]]) -> None:
         """Decodes entries into pending requests; malformed ones end as ``invalid_input``."""
@@ -187,7 +215,7 @@ class ModelBatcher:
                 request = Request.decode(raw)
                 if request.model != self.model:
                     raise WireFormatError(f"request for model {request.model!r} in {self.stream}")
-            except WireFormatError as exc:
+            except Exception as exc:  # whatever is in the stream, the batcher must go on
                 invalid.extend(self._invalid_entry(entry_id, raw, str(exc)))
                 continue
             entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
@@ -205,9 +233,9 @@ class ModelBatcher:
         log.warning("model %s: malformed stream entry %s: %s", self.model, entry_id, reason)
         try:
             request_id = json.loads(raw).get("request_id")
-        except (ValueError, AttributeError):
+        except Exception:  # not JSON, not an object, nested too deep: no id to answer
             request_id = None
-        if isinstance(request_id, str) and request_id:
+        if isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LEN:
             result = error_result(request_id, self.model, "invalid_input", reason)
             return [Final(entry_id, result, digest="", ttl_s=self.policy.result_ttl_s)]
         pipe = self._client.pipeline(transaction=False)

@@ -97,5 +97,6 @@ class FleetState:
         pipe.execute()
 
     def wait_for_slot(self, timeout_s: float) -> None:
-        """Blocks until a worker finishes a batch or ``timeout_s`` passes."""
-        self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.001))
+        """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:
+        Redis 6.2 rounds a smaller BLPOP timeout down to 0, which blocks forever)."""
+        self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))

@@ -6,10 +6,12 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
 
 from config.errors import InvalidInput, WireFormatError
 from config.keys import CONSUMER_GROUP, Keys
@@ -104,47 +106,73 @@ class WorkerRuntime:
     def _predict(
         self, model_name: str, batch_id: str, runnable: list[tuple[str, Request]], ttl_s: float
     ) -> list[Final]:
+        """Runs the batch; when it fails, splits it until the failing inputs are found, so
+        only they get ``model_error`` and the rest of the batch still succeeds."""
         model = self.model(model_name)
-        started = time.monotonic()
-        try:
-            outputs = list(model.predict([request.input for _, request in runnable]))
-            if len(outputs) != len(runnable):
-                raise ValueError(
-                    f"model returned {len(outputs)} outputs for {len(runnable)} inputs"
+        finals = []
+        for run in isolate_failures(model, runnable):
+            for (entry_id, request), output in zip(run.items, run.outputs, strict=True):
+                error = run.error or _unencodable(output)
+                if error is not None:
+                    log.warning(
+                        "batch %s: request %s failed: %s", batch_id, request.request_id, error
+                    )
+                    finals.append(error_final(request, entry_id, "model_error", error, ttl_s))
+                    continue
+                result = Result(
+                    request_id=request.request_id,
+                    model=model_name,
+                    output=output,
+                    batch_id=batch_id,
+                    batch_size=len(run.items),
+                    model_s=run.model_s,
+                    worker=self.hostname,
+                    submitted_at=request.submitted_at,
+                    finished_at=run.finished_at,
                 )
-        except Exception as exc:
-            log.warning("batch %s: model %s failed: %r", batch_id, model_name, exc)
+                finals.append(Final(entry_id, result, request.digest, ttl_s))
+        return finals
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """One ``predict`` call over ``items``: their outputs, or the error all of them share."""
+
+    items: list[tuple[str, Request]]
+    outputs: list[Any]
+    error: str | None
+    model_s: float
+    finished_at: float
+
+
+def isolate_failures(model: Model, items: list[tuple[str, Request]]) -> list[ModelRun]:
+    """Runs ``items`` through ``model``; a failing group is halved and retried until each
+    failure is pinned on single inputs. A soft time limit is not retried: it fails the group."""
+    started = time.monotonic()
+    try:
+        outputs = list(model.predict([request.input for _, request in items]))
+        if len(outputs) != len(items):
+            raise ValueError(f"model returned {len(outputs)} outputs for {len(items)} inputs")
+    except Exception as exc:
+        if len(items) == 1 or isinstance(exc, SoftTimeLimitExceeded):
             message = f"{type(exc).__name__}: {exc}"
             return [
-                error_final(request, entry_id, "model_error", message, ttl_s)
-                for entry_id, request in runnable
-            ]
-        model_s = time.monotonic() - started
-        finished_at = time.time()
-        finals = []
-        for (entry_id, request), output in zip(runnable, outputs, strict=True):
-            try:
-                canonical_json(output)
-            except InvalidInput as exc:
-                finals.append(
-                    error_final(
-                        request, entry_id, "model_error", f"output is not JSON: {exc}", ttl_s
-                    )
+                ModelRun(
+                    items, [None] * len(items), message, time.monotonic() - started, time.time()
                 )
-                continue
-            result = Result(
-                request_id=request.request_id,
-                model=model_name,
-                output=output,
-                batch_id=batch_id,
-                batch_size=len(runnable),
-                model_s=model_s,
-                worker=self.hostname,
-                submitted_at=request.submitted_at,
-                finished_at=finished_at,
-            )
-            finals.append(Final(entry_id, result, request.digest, ttl_s))
-        return finals
+            ]
+        middle = len(items) // 2
+        return isolate_failures(model, items[:middle]) + isolate_failures(model, items[middle:])
+    return [ModelRun(items, outputs, None, time.monotonic() - started, time.time())]
+
+
+def _unencodable(output: Any) -> str | None:
+    """Why ``output`` cannot travel as JSON, or None when it can."""
+    try:
+        canonical_json(output)
+    except InvalidInput as exc:
+        return f"output is not JSON: {exc}"
+    return None
 
 
 def _decode_entries(batch_id: str, entries: Sequence[Sequence[str]]) -> list[tuple[str, Request]]:

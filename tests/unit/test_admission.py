@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import fakeredis
 import pytest
 
@@ -41,6 +43,7 @@ def test_submit_enqueues_one_entry_and_returns_an_id(
         ("synthetic", {1, 2}, InvalidInput),
         ("synthetic", float("inf"), InvalidInput),
         ("synthetic", "x" * 2000, InputTooLarge),
+        ("synthetic", json.loads("[" * 150 + "]" * 150), InvalidInput),
     ],
 )
 def test_bad_input_is_refused_with_a_typed_error_and_nothing_enqueued(
@@ -60,6 +63,16 @@ def test_past_deadline_is_refused(producer: Producer, fake_redis: fakeredis.Fake
     """A deadline already past is refused at submit."""
     with pytest.raises(DeadlinePassed):
         producer.submit("synthetic", 1, deadline_s=0)
+    assert queued(fake_redis) == 0
+
+
+@pytest.mark.parametrize("deadline_s", [float("nan"), float("inf"), 1e300, "5"])
+def test_unusable_deadlines_are_invalid_input(
+    producer: Producer, fake_redis: fakeredis.FakeRedis, deadline_s: object
+) -> None:
+    """NaN, infinite, absurdly far or non-numeric deadlines are refused with InvalidInput."""
+    with pytest.raises(InvalidInput):
+        producer.submit("synthetic", 1, deadline_s=deadline_s)  # type: ignore[arg-type]
     assert queued(fake_redis) == 0
 
 
@@ -88,7 +101,7 @@ def test_full_queue_refuses_fast_and_reports_what_was_accepted(
     """At max_queue_len the queue refuses with QueueFull; earlier ids of the call are kept."""
     with pytest.raises(QueueFull) as caught:
         producer.submit_many("synthetic", list(range(15)))
-    assert len(caught.value.accepted_ids) == 10  # type: ignore[attr-defined]
+    assert len(caught.value.accepted_ids) == 10
     assert queued(fake_redis) == 10
     with pytest.raises(QueueFull):
         producer.submit("synthetic", "one more")

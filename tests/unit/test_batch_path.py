@@ -53,6 +53,15 @@ class ShortModel(FailingModel):
         return list(batch)[:-1]
 
 
+class PoisonModel(FailingModel):
+    """A model that fails any batch holding the input "poison", and echoes otherwise."""
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        if "poison" in batch:
+            raise ValueError("cannot digest poison")
+        return [{"ok": item} for item in batch]
+
+
 @pytest.fixture
 def celery() -> RecordingCelery:
     return RecordingCelery()
@@ -141,9 +150,24 @@ def test_malformed_stream_entries_never_crash_the_batcher(
     fake_redis.xadd(STREAM, {STREAM_FIELD: json.dumps({"request_id": "bad-1", "input": 1})})
     fake_redis.xadd(STREAM, {STREAM_FIELD: "not json at all"})
     fake_redis.xadd(STREAM, {"other": "field"})
+    fake_redis.xadd(STREAM, {STREAM_FIELD: b"\xff\xfe not utf-8"})
+    fake_redis.xadd(STREAM, {STREAM_FIELD: "[" * 5000 + "]" * 5000})
+    nan_deadline = json.loads(
+        ProducerCore(batcher.settings).prepare("synthetic", "x").request.encode()
+    )
+    fake_redis.xadd(
+        STREAM,
+        {
+            STREAM_FIELD: json.dumps(nan_deadline).replace(
+                f'"deadline_at": {nan_deadline["deadline_at"]}', '"deadline_at": NaN'
+            )
+        },
+    )
     batcher.step()
     batcher.step()
     assert stored_result(fake_redis, "bad-1").error.code == "invalid_input"  # type: ignore[union-attr]
+    nan_result = stored_result(fake_redis, nan_deadline["request_id"])
+    assert nan_result.error is not None and nan_result.error.code == "invalid_input"
     assert celery.sent == []
     assert fake_redis.xlen(STREAM) == 0
 
@@ -206,15 +230,16 @@ def test_redelivered_batch_keeps_the_first_answer(
     ("backend", "message"),
     [
         ("tests.unit.test_batch_path:FailingModel", "CUDA out of memory"),
-        ("tests.unit.test_batch_path:ShortModel", "3 outputs for 4 inputs"),
+        ("tests.unit.test_batch_path:ShortModel", "0 outputs for 1 inputs"),
     ],
 )
-def test_model_failure_answers_every_request_with_model_error(
+def test_model_failing_on_every_input_answers_each_with_model_error(
     fake_redis: fakeredis.FakeRedis,
     backend: str,
     message: str,
 ) -> None:
-    """A model that raises or miscounts its outputs ends each request with model_error."""
+    """A model that raises or miscounts its outputs even on single inputs ends each request
+    with model_error, carrying the reason."""
     settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
     listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
     celery = RecordingCelery()
@@ -235,3 +260,37 @@ def test_model_failure_answers_every_request_with_model_error(
             assert error is not None and error.code == "model_error"
             assert message in error.message
     assert fake_redis.xlen(STREAM) == 0
+
+
+def test_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """One input that breaks the model gets model_error; its batch-mates get their outputs."""
+    settings = Settings(
+        models={
+            "synthetic": ModelPolicy(
+                backend="tests.unit.test_batch_path:PoisonModel", max_batch_size=4
+            )
+        }
+    )
+    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
+    celery = RecordingCelery()
+    batcher = ModelBatcher(
+        settings,
+        "synthetic",
+        client=fake_redis,
+        celery=celery,  # type: ignore[arg-type]
+        consumer="b1",
+    )
+    batcher._ensure_group()
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+    inputs = ["a", "poison", "c", "d"]
+    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
+        ids = producer.submit_many("synthetic", inputs)
+        run_one_batch(runtime, fake_redis, batcher, celery)
+        results = [stored_result(fake_redis, request_id) for request_id in ids]
+    assert [result.output for result in results] == [{"ok": "a"}, None, {"ok": "c"}, {"ok": "d"}]
+    poisoned = results[1].error
+    assert poisoned is not None and poisoned.code == "model_error"
+    assert "cannot digest poison" in poisoned.message
+    assert all(result.ok for index, result in enumerate(results) if index != 1)
