@@ -30,9 +30,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     models = _models(settings, args.model)
-    if args.gpus == "all":
-        return run_worker_per_gpu(settings, models)
-    return run_worker(settings, models, gpu=args.gpu, name=args.name)
+    if args.cpu or args.gpu is not None:
+        return run_worker(settings, models, gpu=args.gpu, name=args.name)
+    if args.name:
+        raise ConfigError("--name names one process: use it with --gpu N or --cpu")
+    return run_worker_per_gpu(settings, models)
 
 
 def cmd_batcher(args: argparse.Namespace) -> int:
@@ -63,10 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    worker = commands.add_parser("worker", help="run a GPU-pinned Celery worker")
+    worker = commands.add_parser(
+        "worker",
+        help="run GPU-pinned Celery workers: one process per GPU, or one CPU worker if none",
+    )
     placement = worker.add_mutually_exclusive_group()
     placement.add_argument("--gpu", type=int, help="pin this process to GPU N")
-    placement.add_argument("--gpus", choices=["all"], help="one pinned process per GPU")
+    placement.add_argument(
+        "--gpus", choices=["all"], help="one pinned process per GPU (the default)"
+    )
+    placement.add_argument("--cpu", action="store_true", help="one process on the CPU")
     worker.add_argument("--model", action="append", help="serve only this model (repeatable)")
     worker.add_argument("--name", help="Celery node name (default gpuN@host or cpu-PID@host)")
     worker.set_defaults(handler=cmd_worker)
@@ -79,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")
     demo.add_argument("--requests", type=int, default=2000, help="requests in the batched run")
     demo.add_argument(
-        "--baseline", type=int, default=200, help="requests sent one at a time for comparison"
+        "--baseline",
+        type=int,
+        default=2000,
+        help="requests sent again with one request per model call, for comparison",
     )
     demo.set_defaults(handler=cmd_demo)
     return parser
@@ -97,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the one place an unexpected failure becomes one clear line
+        print(f"batchfleet: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

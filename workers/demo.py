@@ -1,14 +1,18 @@
-"""``batchfleet demo``: a private fleet, 2,000 requests batched, the same load one at a time."""
+"""``batchfleet demo``: a private fleet, 2,000 requests batched, then the same load unbatched."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import redis
 
 from config.errors import BatchfleetError
 from config.schema import Result
@@ -17,7 +21,9 @@ from producer.client import Producer
 from workers.local_fleet import LocalFleet
 from workers.local_redis import LocalRedis
 
-MODEL = "synthetic"
+BATCHED = "synthetic"
+ONE_AT_A_TIME = "synthetic-unbatched"
+DEMO_MODELS: dict[str, dict[str, Any]] = {BATCHED: {}, ONE_AT_A_TIME: {"max_batch_size": 1}}
 READY_TIMEOUT_S = 60.0
 
 
@@ -72,21 +78,12 @@ def collect(sent: int, results: Iterator[Result], started: float) -> RunReport:
     )
 
 
-def batched_run(producer: Producer, count: int) -> RunReport:
+def load_run(producer: Producer, model: str, count: int) -> RunReport:
+    """Sends ``count`` requests to ``model`` at once and gathers every answer."""
     started = time.monotonic()
-    ids = producer.submit_many(MODEL, [{"n": index} for index in range(count)])
-    return collect(count, producer.results(ids, timeout_s=120), started)
-
-
-def one_at_a_time_run(producer: Producer, count: int) -> RunReport:
-    started = time.monotonic()
-
-    def each() -> Iterator[Result]:
-        for index in range(count):
-            request_id = producer.submit(MODEL, {"n": index})
-            yield from producer.results([request_id], timeout_s=30)
-
-    return collect(count, each(), started)
+    ids = producer.submit_many(model, [{"n": index} for index in range(count)])
+    timeout_s = max(120.0, count * 0.1)
+    return collect(count, producer.results(ids, timeout_s=timeout_s), started)
 
 
 @contextlib.contextmanager
@@ -100,37 +97,54 @@ def redis_for_demo() -> Iterator[str]:
         yield server.url
 
 
-def run_demo(requests: int = 2000, baseline: int = 200) -> int:
+def run_demo(requests: int = 2000, baseline: int = 2000) -> int:
     """Runs the demo and prints its report; 0 when every request completed."""
     prefix = f"demo-{uuid.uuid4().hex[:8]}"
     with redis_for_demo() as url:
-        env = {"BATCHFLEET_REDIS_URL": url, "BATCHFLEET_KEY_PREFIX": prefix}
-        settings = load_settings(redis_url=url, key_prefix=prefix)
+        env = {
+            "BATCHFLEET_REDIS_URL": url,
+            "BATCHFLEET_KEY_PREFIX": prefix,
+            "BATCHFLEET_MODELS": json.dumps(DEMO_MODELS),
+        }
+        settings = load_settings(redis_url=url, key_prefix=prefix, models=DEMO_MODELS)
         print(
-            f"batchfleet demo: Redis at {url.split('@')[-1]}, model {MODEL!r} "
-            f"(synthetic GPU: 20 ms + 0.5 ms per item, max batch 32)"
+            f"batchfleet demo: Redis at {url.split('@')[-1]}; synthetic GPU model: "
+            "20 ms + 0.5 ms per item, one batch at a time"
         )
         with LocalFleet(env) as fleet, Producer(settings) as producer:
             fleet.start("batcher")
-            fleet.start("worker")
+            fleet.start("worker", "--cpu")
             try:
-                producer.result(producer.submit(MODEL, {"warmup": True}), timeout_s=READY_TIMEOUT_S)
+                for model in DEMO_MODELS:
+                    producer.result(producer.submit(model, "warmup"), timeout_s=READY_TIMEOUT_S)
             except BatchfleetError as exc:
                 print(fleet.logs())
                 raise BatchfleetError(f"the fleet did not start: {exc}") from exc
             print(
-                f"fleet ready; sending {requests} requests at once, then {baseline} one at a time"
+                f"fleet ready: {requests} requests at once, batched (max batch 32); "
+                f"then {baseline} at once, one request per model call"
             )
-            batched = batched_run(producer, requests)
-            single = one_at_a_time_run(producer, baseline)
-        header = (
-            f"{'run':<16} {'completed':>11} {'errors':>6} {'req/s':>9} "
-            f"{'p50 ms':>8} {'p99 ms':>8} {'mean batch':>10}"
-        )
-        print(header)
-        print(batched.line("batched"))
-        print(single.line("one at a time"))
-        if single.throughput > 0:
-            print(f"batching gave {batched.throughput / single.throughput:.1f}x the throughput")
+            batched = load_run(producer, BATCHED, requests)
+            single = load_run(producer, ONE_AT_A_TIME, baseline)
+        forget_keys(url, prefix)
+    print(
+        f"{'run':<16} {'completed':>11} {'errors':>6} {'req/s':>9} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'mean batch':>10}"
+    )
+    print(batched.line("batched"))
+    print(single.line("one at a time"))
+    if single.throughput > 0:
+        print(f"batching: {batched.throughput / single.throughput:.1f}x the throughput")
     ok = batched.completed == requests and single.completed == baseline
     return 0 if ok else 1
+
+
+def forget_keys(url: str, prefix: str) -> None:
+    """Deletes the demo's keys (requests, results, Celery queues) from the user's Redis."""
+    client = redis.Redis.from_url(url)
+    try:
+        for pattern in (f"{prefix}:*", f"{prefix}.*"):
+            for key in client.scan_iter(match=pattern, count=1000):
+                client.delete(key)
+    finally:
+        client.close()

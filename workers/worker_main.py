@@ -105,6 +105,8 @@ def run_worker_per_gpu(settings: Settings, models: Sequence[str]) -> int:
     if count == 0:
         log.info("no GPU found: starting one CPU worker")
         return run_worker(settings, models, gpu=None)
+    if count == 1:
+        return run_worker(settings, models, gpu=0)
     command = [sys.executable, "-m", "workers.cli", "worker"]
     for model in models:
         command += ["--model", model]

@@ -44,7 +44,7 @@ def test_malformed_stream_entry_becomes_an_error_result(
     """An entry written by hand is answered invalid_input; the fleet keeps serving."""
     fleet = make_fleet()
     fleet.start("batcher")
-    fleet.start("worker")
+    fleet.start("worker", "--cpu")
     keys = Keys(fleet.env["BATCHFLEET_KEY_PREFIX"])
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet)
@@ -68,7 +68,7 @@ def test_non_json_celery_message_is_rejected_never_executed(
     """A pickle message on the batch queue is refused by the worker; its batch never runs."""
     fleet = make_fleet()
     fleet.start("batcher")
-    fleet.start("worker")
+    fleet.start("worker", "--cpu")
     settings = settings_for(fleet_env)
     keys = Keys(settings.key_prefix)
     prepared = ProducerCore(settings).prepare("synthetic", "smuggled")

@@ -55,17 +55,17 @@ def test_worker_killed_mid_batch_loses_no_request(
     """SIGKILL of a worker while it runs a batch: every request still gets its one answer."""
     fleet = make_fleet(**CHAOS_SETTINGS)
     fleet.start("batcher")
-    victim = fleet.start("worker", "--name", "victim@test")
+    victim = fleet.start("worker", "--cpu", "--name", "victim@test")
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet)
         if recovery == "other worker":
-            fleet.start("worker", "--name", "survivor@test")
+            fleet.start("worker", "--cpu", "--name", "survivor@test")
         inputs = [{"n": index} for index in range(300)]
         ids = producer.submit_many("synthetic", inputs)
         wait_until(lambda: held_by(redis_client, fleet, "worker:victim@test") > 0)
         fleet.stop(victim, signal.SIGKILL)
         if recovery == "restart":
-            fleet.start("worker", "--name", "victim@test")
+            fleet.start("worker", "--cpu", "--name", "victim@test")
         results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
     check_outputs(
         {request_id: result.output for request_id, result in results.items()},
@@ -89,7 +89,7 @@ def test_batcher_killed_after_read_before_dispatch_loses_no_request(
         # No worker is up, so the batcher reads the requests and holds them undispatched.
         wait_until(lambda: held_by(redis_client, fleet, "b1") == len(ids))
         fleet.stop(batcher, signal.SIGKILL)
-        fleet.start("worker")
+        fleet.start("worker", "--cpu")
         fleet.start("batcher", "--name", successor)
         results = {result.request_id: result for result in producer.results(ids, timeout_s=60)}
     check_outputs(

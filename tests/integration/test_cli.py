@@ -25,11 +25,11 @@ def run_cli(
 @pytest.mark.slow
 def test_demo_runs_a_private_fleet_and_reports() -> None:
     """The demo needs nothing but the install: it completes every request and beats one-by-one."""
-    done = run_cli("demo", "--requests", "400", "--baseline", "20")
+    done = run_cli("demo", "--requests", "400", "--baseline", "100")
     assert done.returncode == 0, done.stdout + done.stderr
     batched = next(line for line in done.stdout.splitlines() if line.startswith("batched"))
     single = next(line for line in done.stdout.splitlines() if line.startswith("one at a time"))
-    assert "400/400" in batched and "20/20" in single
+    assert "400/400" in batched and "100/100" in single
     batched_rps, single_rps = float(batched.split()[3]), float(single.split()[6])
     assert float(batched.split()[-1]) > 1, "mean batch size should be well above 1"
     assert batched_rps > single_rps
@@ -37,7 +37,7 @@ def test_demo_runs_a_private_fleet_and_reports() -> None:
 
 def test_invalid_settings_fail_with_one_clear_line() -> None:
     """A bad setting stops the worker with one line naming the problem, not a traceback."""
-    done = run_cli("worker", env={"BATCHFLEET_WORKER__TIME_LIMIT_S": "100"}, timeout=60)
+    done = run_cli("worker", "--cpu", env={"BATCHFLEET_WORKER__TIME_LIMIT_S": "100"}, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("batchfleet: error: invalid settings")
     assert "Traceback" not in done.stderr
@@ -47,7 +47,10 @@ def test_invalid_settings_fail_with_one_clear_line() -> None:
 def test_unknown_backend_fails_with_one_clear_line() -> None:
     """A model whose backend cannot be loaded stops the worker with one clear line."""
     done = run_cli(
-        "worker", env={"BATCHFLEET_MODELS__SYNTHETIC__BACKEND": "nowhere.module:Model"}, timeout=60
+        "worker",
+        "--cpu",
+        env={"BATCHFLEET_MODELS__SYNTHETIC__BACKEND": "nowhere.module:Model"},
+        timeout=60,
     )
     assert done.returncode == 2
     assert "cannot load backend 'nowhere.module:Model'" in done.stderr

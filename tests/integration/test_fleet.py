@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 from producer.async_client import AsyncProducer
+from workers.gpu import gpu_count
 from workers.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 
@@ -15,7 +16,8 @@ from .conftest import check_outputs, producer_for, settings_for, wait_ready
 def test_thousand_requests_through_producer_each_get_their_own_answer(
     make_fleet: Callable[..., LocalFleet],
 ) -> None:
-    """1,000 requests via Producer all come back, each with the right value for its id."""
+    """1,000 requests via Producer all come back, each with the right value for its id; a bare
+    `batchfleet worker` on a machine without GPUs runs one CPU worker and says so."""
     fleet = make_fleet()
     fleet.start("batcher")
     fleet.start("worker")
@@ -30,13 +32,15 @@ def test_thousand_requests_through_producer_each_get_their_own_answer(
     )
     sizes = {result.batch_id: result.batch_size for result in results.values()}
     assert sum(sizes.values()) / len(sizes) > 8, "requests should ride in real batches"
+    if gpu_count() == 0:
+        assert "no GPU found: starting one CPU worker" in fleet.logs()
 
 
 def test_infer_returns_outputs_in_input_order(make_fleet: Callable[..., LocalFleet]) -> None:
     """infer() gathers results and lines them up with the inputs."""
     fleet = make_fleet()
     fleet.start("batcher")
-    fleet.start("worker")
+    fleet.start("worker", "--cpu")
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet)
         inputs = [f"sentence {index}" for index in range(100)]
@@ -49,7 +53,7 @@ def test_thousand_requests_through_async_producer(make_fleet: Callable[..., Loca
     """1,000 requests via AsyncProducer, submitted concurrently, all get their own answer."""
     fleet = make_fleet()
     fleet.start("batcher")
-    fleet.start("worker")
+    fleet.start("worker", "--cpu")
     settings = settings_for({k: v for k, v in fleet.env.items() if k.startswith("BATCHFLEET_")})
 
     async def scenario() -> dict[str, object]:
@@ -82,8 +86,8 @@ def test_two_workers_share_the_load(make_fleet: Callable[..., LocalFleet]) -> No
     """With two workers up, both run batches of the same burst."""
     fleet = make_fleet()
     fleet.start("batcher")
-    fleet.start("worker", "--name", "one@test")
-    fleet.start("worker", "--name", "two@test")
+    fleet.start("worker", "--cpu", "--name", "one@test")
+    fleet.start("worker", "--cpu", "--name", "two@test")
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet)
         ids = producer.submit_many("synthetic", list(range(1000)))
