@@ -46,6 +46,9 @@ class WorkerRuntime:
         self.client = client or connect(settings)
         self._models: dict[str, Model] = {}
         self._load_lock = threading.Lock()
+        # One device per process: batch slots overlap decoding and result writing, never
+        # model work, so the next batch is ready the moment the device frees.
+        self._device_lock = threading.Lock()
 
     def load_models(self) -> None:
         """Loads every served model now; raises ConfigError with one clear line on failure."""
@@ -110,7 +113,7 @@ class WorkerRuntime:
         only they get ``model_error`` and the rest of the batch still succeeds."""
         model = self.model(model_name)
         finals = []
-        for run in isolate_failures(model, runnable):
+        for run in isolate_failures(model, runnable, self._device_lock):
             for (entry_id, request), output in zip(run.items, run.outputs, strict=True):
                 error = run.error or _unencodable(output)
                 if error is not None:
@@ -145,12 +148,16 @@ class ModelRun:
     finished_at: float
 
 
-def isolate_failures(model: Model, items: list[tuple[str, Request]]) -> list[ModelRun]:
-    """Runs ``items`` through ``model``; a failing group is halved and retried until each
-    failure is pinned on single inputs. A soft time limit is not retried: it fails the group."""
-    started = time.monotonic()
+def isolate_failures(
+    model: Model, items: list[tuple[str, Request]], device_lock: threading.Lock
+) -> list[ModelRun]:
+    """Runs ``items`` through ``model`` under ``device_lock``; a failing group is halved and
+    retried until each failure is pinned on single inputs. A soft time limit is not retried:
+    it fails the group."""
     try:
-        outputs = list(model.predict([request.input for _, request in items]))
+        with device_lock:
+            started = time.monotonic()
+            outputs = list(model.predict([request.input for _, request in items]))
         if len(outputs) != len(items):
             raise ValueError(f"model returned {len(outputs)} outputs for {len(items)} inputs")
     except Exception as exc:
@@ -162,7 +169,9 @@ def isolate_failures(model: Model, items: list[tuple[str, Request]]) -> list[Mod
                 )
             ]
         middle = len(items) // 2
-        return isolate_failures(model, items[:middle]) + isolate_failures(model, items[middle:])
+        return isolate_failures(model, items[:middle], device_lock) + isolate_failures(
+            model, items[middle:], device_lock
+        )
     return [ModelRun(items, outputs, None, time.monotonic() - started, time.time())]
 
 

@@ -1,19 +1,17 @@
 """The ``synthetic`` backend: a GPU-like cost model for tests, demos and benchmarks.
 
-A batch costs ``base_ms + per_item_ms * size``, slept while holding the process's device
-lock, so batches run one at a time as on one GPU and the CPU stays free. Outputs are
+A batch costs ``base_ms + per_item_ms * size``, slept inside ``predict``, which the worker calls
+under its process's device lock: batches run one at a time, as on one GPU, and the CPU stays
+free for the pipeline. Outputs are
 deterministic: for input ``x`` the output is ``{"echo": x, "length": len(json(x))}``.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
-
-DEVICE_LOCK = threading.Lock()
 
 
 def expected_output(item: Any) -> dict[str, Any]:
@@ -39,6 +37,5 @@ class SyntheticModel:
         return (self.base_ms + self.per_item_ms * size) / 1000.0
 
     def predict(self, batch: Sequence[Any]) -> list[dict[str, Any]]:
-        with DEVICE_LOCK:
-            time.sleep(self.batch_seconds(len(batch)))
+        time.sleep(self.batch_seconds(len(batch)))
         return [expected_output(item) for item in batch]
