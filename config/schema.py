@@ -111,6 +111,7 @@ class Result(BaseModel):
     error: ErrorInfo | None = None
     batch_id: str | None = None
     batch_size: int = 0
+    flush_reason: str | None = None
     model_s: float = 0.0
     worker: str | None = None
     submitted_at: float | None = None

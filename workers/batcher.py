@@ -7,7 +7,6 @@ writes their final answer, so a request held by a dead batcher or worker is recl
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -21,16 +20,14 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from config.errors import WireFormatError
 from config.keys import CONSUMER_GROUP, Keys
-from config.schema import STREAM_FIELD, Request
 from config.settings import Settings
-from producer.admission import MAX_REQUEST_ID_LEN
 from producer.client import connect
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.entries import StreamEntry, read_entries, to_text
 from workers.policy import Pending, Plan, plan_batch
-from workers.results import Final, ResultWriter, error_final, error_result
+from workers.results import ResultWriter, error_final
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +61,6 @@ return removed
 def default_batcher_name() -> str:
     """Stable across restarts on one host, so a restarted batcher resumes its own pending reads."""
     return f"batcher@{socket.gethostname()}"
-
-
-def to_text(value: Any) -> str:
-    """Redis bytes as text; bytes that are not UTF-8 are replaced, never fatal."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class ModelBatcher:
@@ -127,10 +119,11 @@ class ModelBatcher:
         if now >= self._next_reclaim:
             self._reclaim()
             self._next_reclaim = now + self._lease_s / 4
-        free = self._state.capacity(self._lease_s).free_slots(
-            self.settings.batcher.batches_per_worker_slot
+        capacity = self._state.capacity(self._lease_s)
+        free = capacity.free_slots(self.settings.batcher.batches_per_worker_slot)
+        plan = plan_batch(
+            list(self._pending.values()), self.policy, monotonic(), free, capacity.idle_workers
         )
-        plan = plan_batch(list(self._pending.values()), self.policy, monotonic(), free)
         if plan.expired:
             self._expire(plan.expired)
         if plan.batch:
@@ -160,7 +153,7 @@ class ModelBatcher:
 
     def _read(
         self, *, count: int | None = None, block_s: float | None = None, history: bool = False
-    ) -> list[tuple[Any, dict[Any, Any]]]:
+    ) -> list[StreamEntry]:
         """New entries (or, with ``history``, those this consumer already holds)."""
         if count is not None and count <= 0:
             return []
@@ -202,21 +195,12 @@ class ModelBatcher:
             keys=[self.stream], args=[CONSUMER_GROUP, int(self._lease_s * 2000), self.consumer]
         )
 
-    def _take(self, entries: Sequence[tuple[Any, dict[Any, Any]]]) -> None:
-        """Decodes entries into pending requests; malformed ones end as ``invalid_input``."""
+    def _take(self, entries: Sequence[StreamEntry]) -> None:
+        """Holds the requests read; malformed entries end as ``invalid_input`` or are dropped."""
         now_mono, now_wall = monotonic(), time.time()
-        invalid: list[Final] = []
-        for entry_id_raw, fields in entries:
-            entry_id = to_text(entry_id_raw)
-            if entry_id in self._pending or not fields:
-                continue
-            raw = to_text(fields.get(STREAM_FIELD.encode(), fields.get(STREAM_FIELD, b"")))
-            try:
-                request = Request.decode(raw)
-                if request.model != self.model:
-                    raise WireFormatError(f"request for model {request.model!r} in {self.stream}")
-            except Exception as exc:  # whatever is in the stream, the batcher must go on
-                invalid.extend(self._invalid_entry(entry_id, raw, str(exc)))
+        read = read_entries(entries, self.model, self.policy.result_ttl_s)
+        for entry_id, raw, request in read.requests:
+            if entry_id in self._pending:
                 continue
             entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
             self._pending[entry_id] = Pending(
@@ -226,23 +210,8 @@ class ModelBatcher:
                 arrived_at=now_mono - max(0.0, now_wall - entry_wall_s),
                 deadline_at=now_mono + (request.deadline_at - now_wall),
             )
-        self._writer.finalize(invalid)
-
-    def _invalid_entry(self, entry_id: str, raw: str, reason: str) -> list[Final]:
-        """An error answer for a malformed entry when it names a request id; else just drop it."""
-        log.warning("model %s: malformed stream entry %s: %s", self.model, entry_id, reason)
-        try:
-            request_id = json.loads(raw).get("request_id")
-        except Exception:  # not JSON, not an object, nested too deep: no id to answer
-            request_id = None
-        if isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LEN:
-            result = error_result(request_id, self.model, "invalid_input", reason)
-            return [Final(entry_id, result, digest="", ttl_s=self.policy.result_ttl_s)]
-        pipe = self._client.pipeline(transaction=False)
-        pipe.xack(self.stream, CONSUMER_GROUP, entry_id)
-        pipe.xdel(self.stream, entry_id)
-        pipe.execute()
-        return []
+        self._writer.finalize(read.invalid)
+        self._writer.drop(read.dropped)
 
     def _expire(self, expired: Sequence[Pending]) -> None:
         finals = [
@@ -265,7 +234,7 @@ class ModelBatcher:
         try:
             self._celery.send_task(
                 RUN_BATCH_TASK,
-                args=[self.model, batch_id, [[item.entry_id, item.raw] for item in batch]],
+                args=[self.model, batch_id, [[item.entry_id, item.raw] for item in batch], reason],
                 queue=self.keys.celery_queue(self.model),
             )
         except Exception:

@@ -46,6 +46,11 @@ class Capacity:
     def free_slots(self, batches_per_slot: int) -> int:
         return self.slots * batches_per_slot - self.inflight
 
+    @property
+    def idle_workers(self) -> int:
+        """Workers with no batch at all, assuming batches spread over workers."""
+        return max(0, self.workers - self.inflight)
+
 
 def worker_member(hostname: str, slots: int) -> str:
     """A worker's member in the workers zset: its name and how many batches it runs at once."""

@@ -1,12 +1,18 @@
-"""The batch-forming decision, free of I/O: requests, policy, clock and free slots in; a plan out.
+"""The batch-forming decision, free of I/O: requests, policy, clock and capacity in; a plan out.
 
-Rules, in order:
+The policy is work-conserving: a device never idles while requests wait, and while every
+device is busy requests gather into fuller batches. Rules, in order:
 
 1. A request whose deadline has passed is dropped (it gets an ``expired`` error).
 2. With no free worker slot nothing is sent: requests keep gathering into a fuller batch.
-3. With a free slot, a batch leaves when ``max_batch_size`` requests wait (``size``), or when
-   the oldest has waited ``max_wait_s`` since it arrived (``wait``), oldest first.
+3. With a free slot, a batch of the oldest requests leaves when ``max_batch_size`` wait
+   (``size``); when some worker has no batch at all (``idle``: holding would only idle its
+   device); or when the oldest has waited ``max_wait_s`` (``wait``) — the window only bounds
+   holding while every device is busy, when holding can still pay off.
 4. Otherwise the plan says how long until rule 1 or 3 can next fire.
+
+A batch sent while its worker is busy waits in the worker, which tops it up with newer
+requests when its device frees (late binding), so an early send costs no batch size.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Literal
 from config.schema import Request
 from config.settings import ModelPolicy
 
-FlushReason = Literal["size", "wait"]
+FlushReason = Literal["size", "idle", "wait"]
 
 
 @dataclass(frozen=True)
@@ -43,9 +49,18 @@ class Plan:
 
 
 def plan_batch(
-    pending: Sequence[Pending], policy: ModelPolicy, now: float, free_slots: int
+    pending: Sequence[Pending],
+    policy: ModelPolicy,
+    now: float,
+    free_slots: int,
+    idle_workers: int = 0,
 ) -> Plan:
-    """Decides the next batch; ``wait_s`` None means nothing is due until a new event."""
+    """Decides the next batch; ``wait_s`` None means nothing is due until a new event.
+
+    Args:
+        free_slots: batches the workers can take now.
+        idle_workers: live workers with no batch at all (their devices are idle).
+    """
     expired = tuple(item for item in pending if item.deadline_at <= now)
     live = sorted(
         (item for item in pending if item.deadline_at > now), key=lambda item: item.arrived_at
@@ -56,6 +71,8 @@ def plan_batch(
     if free_slots > 0:
         if len(live) >= policy.max_batch_size:
             return Plan(expired, tuple(live[: policy.max_batch_size]), "size")
+        if idle_workers > 0:
+            return Plan(expired, tuple(live), "idle")
         if oldest_wait_s >= policy.max_wait_s:
             return Plan(expired, tuple(live), "wait")
     until_deadline_s = min(item.deadline_at for item in live) - now

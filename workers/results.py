@@ -112,6 +112,16 @@ class ResultWriter:
             status.decode() if isinstance(status, bytes) else status for status in pipe.execute()
         ]
 
+    def drop(self, entry_ids: Sequence[str]) -> None:
+        """Acks and deletes entries that carry no answerable request."""
+        if not entry_ids:
+            return
+        stream = self._keys.requests(self._model)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xack(stream, CONSUMER_GROUP, *entry_ids)
+        pipe.xdel(stream, *entry_ids)
+        pipe.execute()
+
     def existing(self, request_ids: Sequence[str]) -> list[bool]:
         """Whether each request already has its final answer."""
         if not request_ids:

@@ -13,13 +13,14 @@ import redis
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
-from config.errors import InvalidInput, WireFormatError
+from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, Keys
-from config.schema import Request, Result, canonical_json
+from config.schema import STREAM_FIELD, Request, Result, canonical_json
 from config.settings import Settings
 from producer.client import connect
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK
+from workers.entries import read_entries
 from workers.models.base import Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final
@@ -48,7 +49,8 @@ class WorkerRuntime:
         self._load_lock = threading.Lock()
         # One device per process: batch slots overlap decoding and result writing, never
         # model work, so the next batch is ready the moment the device frees.
-        self._device_lock = threading.Lock()
+        self._device_lock = threading.RLock()
+        self.consumer = f"worker:{hostname}"
 
     def load_models(self) -> None:
         """Loads every served model now; raises ConfigError with one clear line on failure."""
@@ -66,28 +68,57 @@ class WorkerRuntime:
             return self._models[name]
 
     def run_batch(
-        self, model_name: str, batch_id: str, entries: Sequence[Sequence[str]]
+        self,
+        model_name: str,
+        batch_id: str,
+        entries: Sequence[Sequence[str]],
+        flush_reason: str | None = None,
     ) -> dict[str, Any]:
-        """Runs one batch and writes one final answer per request; returns a summary."""
+        """Runs one batch and writes one final answer per request; returns a summary.
+
+        When the device frees, a batch below ``max_batch_size`` first tops itself up with
+        requests that reached the stream since the batcher formed it (late binding).
+        """
         policy = self.settings.policy(model_name)
-        state = FleetState(self.client, self.keys, model_name)
         writer = ResultWriter(self.client, self.keys, model_name)
         stream = self.keys.requests(model_name)
         entry_ids: list[str | bytes | int | memoryview] = [entry_id for entry_id, _ in entries]
         # Restart the lease: a running batch is never reclaimed while it can still finish.
-        self.client.xclaim(
-            stream, CONSUMER_GROUP, f"worker:{self.hostname}", 0, entry_ids, justid=True
+        self.client.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, entry_ids, justid=True)
+        read = read_entries(
+            [(entry_id, {STREAM_FIELD: raw}) for entry_id, raw in entries],
+            model_name,
+            policy.result_ttl_s,
         )
-        decoded = _decode_entries(batch_id, entries)
-        done_already = writer.existing([request.request_id for _, request in decoded])
-        finals: list[Final] = []
-        runnable: list[tuple[str, Request]] = []
-        now = time.time()
-        for (entry_id, request), done in zip(decoded, done_already, strict=True):
-            if done:
-                finals.append(
-                    Final(entry_id, _placeholder(request), request.digest, policy.result_ttl_s)
+        finals = list(read.invalid)
+        done = writer.existing([request.request_id for _, _, request in read.requests])
+        runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
+        with self._device_lock:
+            runnable += self._top_up(model_name, len(runnable), writer, finals)
+            if runnable:
+                finals.extend(
+                    self._predict(model_name, batch_id, runnable, policy.result_ttl_s, flush_reason)
                 )
+        writer.finalize(finals)
+        writer.drop(read.dropped)
+        FleetState(self.client, self.keys, model_name).batch_done(
+            batch_id, self.settings.batcher.reclaim_lease_s
+        )
+        return {"batch_id": batch_id, "size": len(entries), "ran": len(runnable)}
+
+    def _sort_out(
+        self,
+        requests: Sequence[tuple[str, str, Request]],
+        done: Sequence[bool],
+        ttl_s: float,
+        finals: list[Final],
+    ) -> list[tuple[str, Request]]:
+        """The requests to run; those already answered or past their deadline go to ``finals``."""
+        runnable = []
+        now = time.time()
+        for (entry_id, _, request), answered in zip(requests, done, strict=True):
+            if answered:
+                finals.append(Final(entry_id, _placeholder(request), request.digest, ttl_s))
             elif request.deadline_at <= now:
                 finals.append(
                     error_final(
@@ -95,19 +126,41 @@ class WorkerRuntime:
                         entry_id,
                         "expired",
                         "deadline passed before the request ran",
-                        policy.result_ttl_s,
+                        ttl_s,
                     )
                 )
             else:
                 runnable.append((entry_id, request))
-        if runnable:
-            finals.extend(self._predict(model_name, batch_id, runnable, policy.result_ttl_s))
-        writer.finalize(finals)
-        state.batch_done(batch_id, self.settings.batcher.reclaim_lease_s)
-        return {"batch_id": batch_id, "size": len(entries), "ran": len(runnable)}
+        return runnable
+
+    def _top_up(
+        self, model_name: str, size: int, writer: ResultWriter, finals: list[Final]
+    ) -> list[tuple[str, Request]]:
+        """Takes up to ``max_batch_size - size`` requests no batcher has read yet."""
+        policy = self.settings.policy(model_name)
+        room = policy.max_batch_size - size
+        if room <= 0:
+            return []
+        reply: Any = self.client.xreadgroup(
+            CONSUMER_GROUP, self.consumer, {self.keys.requests(model_name): ">"}, count=room
+        )
+        entries = [entry for _, stream_entries in reply or [] for entry in stream_entries]
+        if not entries:
+            return []
+        read = read_entries(entries, model_name, policy.result_ttl_s)
+        finals.extend(read.invalid)
+        writer.drop(read.dropped)
+        return self._sort_out(
+            read.requests, [False] * len(read.requests), policy.result_ttl_s, finals
+        )
 
     def _predict(
-        self, model_name: str, batch_id: str, runnable: list[tuple[str, Request]], ttl_s: float
+        self,
+        model_name: str,
+        batch_id: str,
+        runnable: list[tuple[str, Request]],
+        ttl_s: float,
+        flush_reason: str | None,
     ) -> list[Final]:
         """Runs the batch; when it fails, splits it until the failing inputs are found, so
         only they get ``model_error`` and the rest of the batch still succeeds."""
@@ -128,6 +181,7 @@ class WorkerRuntime:
                     output=output,
                     batch_id=batch_id,
                     batch_size=len(run.items),
+                    flush_reason=flush_reason,
                     model_s=run.model_s,
                     worker=self.hostname,
                     submitted_at=request.submitted_at,
@@ -149,7 +203,7 @@ class ModelRun:
 
 
 def isolate_failures(
-    model: Model, items: list[tuple[str, Request]], device_lock: threading.Lock
+    model: Model, items: list[tuple[str, Request]], device_lock: threading.RLock
 ) -> list[ModelRun]:
     """Runs ``items`` through ``model`` under ``device_lock``; a failing group is halved and
     retried until each failure is pinned on single inputs. A soft time limit is not retried:
@@ -184,18 +238,6 @@ def _unencodable(output: Any) -> str | None:
     return None
 
 
-def _decode_entries(batch_id: str, entries: Sequence[Sequence[str]]) -> list[tuple[str, Request]]:
-    """Decodes a batch's requests. An unreadable one stays pending in the stream, where the
-    batcher reclaims it after the lease and answers it ``invalid_input``."""
-    decoded = []
-    for entry_id, raw in entries:
-        try:
-            decoded.append((entry_id, Request.decode(raw)))
-        except WireFormatError as exc:
-            log.warning("batch %s: undecodable request in entry %s: %s", batch_id, entry_id, exc)
-    return decoded
-
-
 def _placeholder(request: Request) -> Result:
     """Stands in for an answer already written; the finalize script keeps the first one."""
     return Result(request_id=request.request_id, model=request.model, finished_at=time.time())
@@ -205,5 +247,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     """Registers the batch task on ``app``, bound to this process's runtime."""
 
     @app.task(name=RUN_BATCH_TASK, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
-    def run_batch(model: str, batch_id: str, entries: list[list[str]]) -> dict[str, Any]:
-        return runtime.run_batch(model, batch_id, entries)
+    def run_batch(
+        model: str, batch_id: str, entries: list[list[str]], flush_reason: str | None = None
+    ) -> dict[str, Any]:
+        return runtime.run_batch(model, batch_id, entries, flush_reason)

@@ -106,7 +106,8 @@ def test_full_batch_becomes_one_celery_task(
     assert len(celery.sent) == 1
     task = celery.sent[0]
     assert task["queue"] == "bf.synthetic"
-    model, _, entries = task["args"]
+    model, _, entries, reason = task["args"]
+    assert reason == "size"
     assert model == "synthetic"
     assert [Request.decode(raw).request_id for _, raw in entries] == ids
     assert fake_redis.xpending(STREAM, CONSUMER_GROUP)["pending"] == 4
@@ -181,8 +182,7 @@ def run_one_batch(
     add_worker(client)
     batcher.step()
     batcher.step()
-    model, batch_id, entries = celery.sent[-1]["args"]
-    return runtime.run_batch(model, batch_id, entries)
+    return runtime.run_batch(*celery.sent[-1]["args"])
 
 
 def test_batch_task_writes_each_result_and_clears_the_ledger(
@@ -220,8 +220,7 @@ def test_redelivered_batch_keeps_the_first_answer(
     ids = producer.submit_many("synthetic", [1, 2, 3, 4])
     run_one_batch(runtime, fake_redis, batcher, celery)
     first = {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids}
-    model, batch_id, entries = celery.sent[-1]["args"]
-    summary = runtime.run_batch(model, batch_id, entries)
+    summary = runtime.run_batch(*celery.sent[-1]["args"])
     assert summary["ran"] == 0
     assert {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids} == first
 
@@ -294,3 +293,26 @@ def test_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(
     assert poisoned is not None and poisoned.code == "model_error"
     assert "cannot digest poison" in poisoned.message
     assert all(result.ok for index, result in enumerate(results) if index != 1)
+
+
+def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
+    settings: Settings,
+    fake_redis: fakeredis.FakeRedis,
+    producer: Producer,
+    batcher: ModelBatcher,
+    celery: RecordingCelery,
+) -> None:
+    """Late binding: requests that arrived after a batch was formed ride in it, up to
+    max_batch_size; the rest stay queued for the next batch."""
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+    add_worker(fake_redis)
+    first = producer.submit("synthetic", "first")
+    batcher.step()
+    batcher.step()
+    assert len(celery.sent) == 1 and len(celery.sent[0]["args"][2]) == 1
+    later = producer.submit_many("synthetic", ["a", "b", "c", "d", "e"])
+    runtime.run_batch(*celery.sent[0]["args"])
+    rode_along = [first, *later[:3]]
+    assert {stored_result(fake_redis, rid).batch_size for rid in rode_along} == {4}
+    assert not any(fake_redis.exists(KEYS.result(rid)) for rid in later[3:])
+    assert fake_redis.xlen(STREAM) == 2

@@ -79,3 +79,19 @@ def test_nothing_pending_means_nothing_due() -> None:
     """An empty buffer sends nothing and has no timer."""
     plan = plan_batch([], POLICY, now=10.0, free_slots=3)
     assert plan.batch == () and plan.expired == () and plan.wait_s is None
+
+
+def test_an_idle_worker_gets_what_is_queued_at_once() -> None:
+    """Work-conserving: with a worker holding no batch, even one request leaves without waiting."""
+    plan = plan_batch([pending(1, arrived_at=10.0)], POLICY, now=10.0, free_slots=2, idle_workers=1)
+    assert plan.flush_reason == "idle"
+    assert len(plan.batch) == 1
+
+
+def test_while_every_device_is_busy_a_free_slot_waits_for_the_window() -> None:
+    """A free slot behind a busy device holds a partial batch up to max_wait_s, then sends it."""
+    items = [pending(1, arrived_at=10.0)]
+    assert plan_batch(items, POLICY, now=10.001, free_slots=1, idle_workers=0).batch == ()
+    assert plan_batch(items, POLICY, now=10.016, free_slots=1, idle_workers=0).flush_reason == (
+        "wait"
+    )

@@ -1,0 +1,80 @@
+"""Reading request-stream entries: each becomes a request, an ``invalid_input`` answer, or a drop.
+
+Whatever sits in the stream (written by hand, truncated, not UTF-8, nested too deep), reading
+it never raises: the batcher and the worker both go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from config.errors import WireFormatError
+from config.schema import STREAM_FIELD, Request
+from producer.admission import MAX_REQUEST_ID_LEN
+from workers.results import Final, error_result
+
+log = logging.getLogger(__name__)
+
+StreamEntry = tuple[Any, dict[Any, Any]]
+
+
+def to_text(value: Any) -> str:
+    """Redis bytes as text; bytes that are not UTF-8 are replaced, never fatal."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class ReadEntries:
+    """Entries sorted by what happens next."""
+
+    requests: list[tuple[str, str, Request]] = field(default_factory=list)
+    invalid: list[Final] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def read_entries(entries: Sequence[StreamEntry], model: str, result_ttl_s: float) -> ReadEntries:
+    """Decodes stream entries of ``model``'s stream.
+
+    Returns ``(entry_id, raw, request)`` for each good entry; an ``invalid_input`` answer for a
+    bad entry that names a request id; the entry id alone (to ack and delete) for the rest.
+    """
+    read = ReadEntries()
+    for entry_id_raw, fields in entries:
+        if entry_id_raw is None:  # Redis 6.2's XAUTOCLAIM names deleted entries this way
+            continue
+        entry_id = to_text(entry_id_raw)
+        raw = (
+            to_text(fields.get(STREAM_FIELD.encode(), fields.get(STREAM_FIELD, b"")))
+            if fields
+            else ""
+        )
+        try:
+            request = Request.decode(raw)
+            if request.model != model:
+                raise WireFormatError(f"request for model {request.model!r}")
+        except Exception as exc:  # whatever is in the stream, the reader must go on
+            log.warning("model %s: malformed stream entry %s: %s", model, entry_id, exc)
+            request_id = _claimed_request_id(raw)
+            if request_id is None:
+                read.dropped.append(entry_id)
+            else:
+                result = error_result(request_id, model, "invalid_input", str(exc))
+                read.invalid.append(Final(entry_id, result, digest="", ttl_s=result_ttl_s))
+            continue
+        read.requests.append((entry_id, raw, request))
+    return read
+
+
+def _claimed_request_id(raw: str) -> str | None:
+    """The request id a malformed entry names, if it names a usable one."""
+    try:
+        request_id = json.loads(raw).get("request_id")
+    except Exception:  # not JSON, not an object, nested too deep: no id to answer
+        return None
+    if isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LEN:
+        return request_id
+    return None
