@@ -59,6 +59,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(requests=args.requests, baseline=args.baseline)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from workers.bench import BenchConfig, run_bench
+
+    config = BenchConfig(
+        mode=args.mode,
+        requests=args.requests,
+        inflight=args.inflight,
+        rate=args.rate,
+        duration_s=args.duration,
+        rates=tuple(float(rate) for rate in args.rates.split(",")),
+        workers=args.workers,
+        max_batch_size=args.max_batch_size,
+        max_wait_s=args.max_wait_s,
+        base_ms=args.base_ms,
+        per_item_ms=args.per_item_ms,
+        baseline=args.baseline,
+        out_dir=Path(args.out),
+    )
+    return run_bench(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchfleet", description="Micro-batching inference fleet on Redis and Celery."
@@ -93,6 +116,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests sent again with one request per model call, for comparison",
     )
     demo.set_defaults(handler=cmd_demo)
+
+    bench = commands.add_parser("bench", help="measure a private fleet under load")
+    bench.add_argument("mode", choices=["saturate", "rate", "sweep"])
+    bench.add_argument("--requests", type=int, default=5000, help="saturate: how many")
+    bench.add_argument(
+        "--inflight", type=int, default=0, help="saturate: requests in flight (0: all at once)"
+    )
+    bench.add_argument("--rate", type=float, default=200.0, help="rate: requests per second")
+    bench.add_argument("--duration", type=float, default=20.0, help="rate, sweep: seconds each")
+    bench.add_argument("--rates", default="50,100,200,400,600,800", help="sweep: req/s list")
+    bench.add_argument("--workers", type=int, default=1, help="CPU workers to start")
+    bench.add_argument("--max-batch-size", type=int, default=32)
+    bench.add_argument("--max-wait-s", type=float, default=0.015)
+    bench.add_argument("--base-ms", type=float, default=20.0, help="synthetic cost per batch")
+    bench.add_argument("--per-item-ms", type=float, default=0.5, help="synthetic cost per item")
+    bench.add_argument(
+        "--baseline", action="store_true", help="also run the same load one request per model call"
+    )
+    bench.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNGs")
+    bench.set_defaults(handler=cmd_bench)
     return parser
 
 

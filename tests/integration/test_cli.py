@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -22,16 +23,26 @@ def run_cli(
     )
 
 
+def row(line: str) -> dict[str, str]:
+    """The columns of a report row after its 'done' column."""
+    tokens = line.split()
+    done = next(index for index, token in enumerate(tokens) if re.fullmatch(r"\d+/\d+", token))
+    names = ["done", "errors", "req/s", "p50", "p95", "p99", "overhead p99", "batch", "busy"]
+    return dict(zip(names, tokens[done:], strict=True))
+
+
 @pytest.mark.slow
 def test_demo_runs_a_private_fleet_and_reports() -> None:
     """The demo needs nothing but the install: it completes every request and beats one-by-one."""
     done = run_cli("demo", "--requests", "400", "--baseline", "100")
     assert done.returncode == 0, done.stdout + done.stderr
-    batched = next(line for line in done.stdout.splitlines() if line.startswith("batched"))
-    single = next(line for line in done.stdout.splitlines() if line.startswith("one at a time"))
-    assert "400/400" in batched and "100/100" in single
-    batched_rps, single_rps = float(batched.split()[3]), float(single.split()[6])
-    assert float(batched.split()[-1]) > 1, "mean batch size should be well above 1"
+    lines = done.stdout.splitlines()
+    batched = row(next(line for line in lines if line.startswith("batched")))
+    single = row(next(line for line in lines if line.startswith("one at a time")))
+    assert batched["done"] == "400/400" and single["done"] == "100/100"
+    assert batched["errors"] == single["errors"] == "0"
+    assert float(batched["batch"]) > 1, "mean batch size should be well above 1"
+    batched_rps, single_rps = float(batched["req/s"]), float(single["req/s"])
     assert batched_rps > single_rps
 
 

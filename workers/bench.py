@@ -1,0 +1,220 @@
+"""``batchfleet bench``: load against a private fleet of the synthetic model, and the figures.
+
+Modes: ``saturate`` (every request at once, or N in flight), ``rate`` (open loop: Poisson
+arrivals at a fixed rate for a duration), ``sweep`` (``rate`` at several rates, with PNG plots
+of latency and worker busy fraction against load). ``--baseline`` runs the same load through
+the same fleet with ``max_batch_size = 1`` (one request per model call) for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producer.async_client import AsyncProducer
+from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+from workers.private_fleet import PrivateFleet, private_fleet
+
+BATCHED = "synthetic"
+UNBATCHED = "synthetic-unbatched"
+RESULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run: the fleet's shape and the load."""
+
+    mode: str
+    requests: int = 5000
+    inflight: int = 0
+    rate: float = 200.0
+    duration_s: float = 20.0
+    rates: tuple[float, ...] = (100.0, 200.0, 400.0, 600.0, 800.0)
+    workers: int = 1
+    max_batch_size: int = 32
+    max_wait_s: float = 0.015
+    base_ms: float = 20.0
+    per_item_ms: float = 0.5
+    baseline: bool = False
+    out_dir: Path = Path("benchmarks/results")
+    seed: int = 1
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        options = {"base_ms": self.base_ms, "per_item_ms": self.per_item_ms}
+        return {
+            BATCHED: {
+                "max_batch_size": self.max_batch_size,
+                "max_wait_s": self.max_wait_s,
+                "options": options,
+                "max_queue_len": 1_000_000,
+            },
+            UNBATCHED: {"max_batch_size": 1, "options": options, "max_queue_len": 1_000_000},
+        }
+
+
+async def _one(producer: AsyncProducer, model: str, value: Any) -> Sample:
+    sent_at = time.monotonic()
+    request_id = await producer.submit(model, value)
+    async for result in producer.results([request_id], timeout_s=RESULT_TIMEOUT_S):
+        return Sample(sent_at, time.monotonic(), result)
+    raise AssertionError("results() ended without a result")
+
+
+async def saturate(producer: AsyncProducer, model: str, count: int, inflight: int) -> list[Sample]:
+    """``count`` requests: all at once (``inflight`` 0), or ``inflight`` at a time, closed loop."""
+    if inflight <= 0:
+        sent_at = time.monotonic()
+        ids = await producer.submit_many(model, [{"n": index} for index in range(count)])
+        return [
+            Sample(sent_at, time.monotonic(), result)
+            async for result in producer.results(ids, timeout_s=RESULT_TIMEOUT_S)
+        ]
+    samples: list[Sample] = []
+    counter = iter(range(count))
+
+    async def client() -> None:
+        for index in counter:
+            samples.append(await _one(producer, model, {"n": index}))
+
+    await asyncio.gather(*(client() for _ in range(inflight)))
+    return samples
+
+
+async def open_loop(
+    producer: AsyncProducer, model: str, rate: float, duration_s: float, seed: int
+) -> list[Sample]:
+    """Poisson arrivals at ``rate`` per second for ``duration_s``, each request on its own."""
+    rng = random.Random(seed)
+    started = time.monotonic()
+    next_at = started
+    tasks = []
+    index = 0
+    while next_at - started < duration_s:
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_one(producer, model, {"n": index})))
+        index += 1
+        next_at += rng.expovariate(rate)
+    return list(await asyncio.gather(*tasks))
+
+
+def label_of(model: str) -> str:
+    return "batched" if model == BATCHED else "one at a time"
+
+
+async def saturation_run(
+    fleet: PrivateFleet, model: str, count: int, inflight: int = 0
+) -> RunStats:
+    """``count`` requests to ``model``, all at once or ``inflight`` at a time."""
+    async with AsyncProducer(fleet.settings) as producer:
+        samples = await saturate(producer, model, count, inflight)
+    offered = f"{count} " + (f"x{inflight}" if inflight else "at once")
+    return RunStats(label_of(model), offered, count, samples)
+
+
+async def rate_run(
+    fleet: PrivateFleet, model: str, rate: float, duration_s: float, seed: int
+) -> RunStats:
+    """Open-loop Poisson load on ``model`` at ``rate`` per second for ``duration_s``."""
+    async with AsyncProducer(fleet.settings) as producer:
+        samples = await open_loop(producer, model, rate, duration_s, seed)
+    return RunStats(label_of(model), f"{rate:g}/s", len(samples), samples)
+
+
+async def _run(fleet: PrivateFleet, config: BenchConfig, model: str, rate: float) -> RunStats:
+    if config.mode == "saturate":
+        return await saturation_run(fleet, model, config.requests, config.inflight)
+    return await rate_run(fleet, model, rate, config.duration_s, config.seed)
+
+
+def run_bench(config: BenchConfig) -> int:
+    """Runs the benchmark, prints the table, writes the JSON (and plots for a sweep)."""
+    rates = config.rates if config.mode == "sweep" else (config.rate,)
+    models = [BATCHED, UNBATCHED] if config.baseline else [BATCHED]
+    print(
+        f"batchfleet bench {config.mode}: {config.workers} worker(s), synthetic model "
+        f"{config.base_ms:g} ms + {config.per_item_ms:g} ms/item, max batch "
+        f"{config.max_batch_size}, max wait {config.max_wait_s * 1000:g} ms"
+    )
+    summaries: list[dict[str, Any]] = []
+    with private_fleet(config.models(), workers=config.workers) as fleet:
+        print(TABLE_HEADER)
+        for rate in rates:
+            for model in models:
+                stats = asyncio.run(_run(fleet, config, model, rate))
+                summary = {**stats.summary(), "rate": rate if config.mode != "saturate" else None}
+                summaries.append(summary)
+                print(table_line(summary), flush=True)
+    path = write_report(config, summaries)
+    print(f"figures: {path}")
+    if config.mode == "sweep":
+        for plot in plot_sweep(summaries, path.with_suffix("")):
+            print(f"plot: {plot}")
+    return 0 if all(s["completed"] == s["sent"] for s in summaries) else 1
+
+
+def write_report(config: BenchConfig, summaries: Sequence[dict[str, Any]]) -> Path:
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    path = config.out_dir / f"bench-{config.mode}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    record = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(config).items()},
+        "runs": list(summaries),
+    }
+    path.write_text(json.dumps(record, indent=2))
+    return path
+
+
+def plot_sweep(summaries: Sequence[dict[str, Any]], stem: Path) -> list[Path]:
+    """Latency-vs-load and busy-fraction-vs-load PNGs of a sweep."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = sorted({s["label"] for s in summaries})
+    paths = []
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label in labels:
+        runs = [s for s in summaries if s["label"] == label]
+        for quantile, style in (("p50", "-o"), ("p99", "--s")):
+            axis.plot(
+                [s["rate"] for s in runs],
+                [s["latency_ms"][quantile] for s in runs],
+                style,
+                label=f"{label} {quantile}",
+            )
+    axis.set(
+        xlabel="offered load (req/s)",
+        ylabel="latency (ms)",
+        yscale="log",
+        title="Latency against load",
+    )
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    paths.append(stem.with_name(stem.name + "-latency.png"))
+    figure.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label in labels:
+        runs = [s for s in summaries if s["label"] == label]
+        axis.plot(
+            [s["rate"] for s in runs], [s["busy_fraction"] * 100 for s in runs], "-o", label=label
+        )
+    axis.set(
+        xlabel="offered load (req/s)",
+        ylabel="worker busy (%)",
+        ylim=(0, 105),
+        title="Worker busy fraction against load",
+    )
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    paths.append(stem.with_name(stem.name + "-busy.png"))
+    figure.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close("all")
+    return paths

@@ -1,0 +1,90 @@
+"""A whole fleet on this machine for the demo and the benchmarks: Redis, a batcher, N workers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from config.errors import BatchfleetError
+from config.settings import Settings, load_settings
+from producer.client import Producer
+from workers.local_fleet import LocalFleet
+from workers.local_redis import LocalRedis
+
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class PrivateFleet:
+    """A running private fleet: its settings, its processes, the Redis it uses."""
+
+    settings: Settings
+    processes: LocalFleet
+    redis_url: str
+
+
+@contextlib.contextmanager
+def redis_url_for_run() -> Iterator[str]:
+    """The user's Redis when BATCHFLEET_REDIS_URL is set, else a private one for this run."""
+    url = os.environ.get("BATCHFLEET_REDIS_URL")
+    if url:
+        yield url
+        return
+    with LocalRedis() as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def private_fleet(models: dict[str, dict[str, Any]], workers: int = 1) -> Iterator[PrivateFleet]:
+    """Starts a batcher and ``workers`` CPU workers serving ``models`` under a fresh key prefix,
+    waits until each model answers, and on exit stops them and deletes the run's keys.
+
+    Raises:
+        BatchfleetError: the fleet did not answer within a minute (its logs are printed).
+    """
+    prefix = f"run-{uuid.uuid4().hex[:8]}"
+    with redis_url_for_run() as url:
+        env = {
+            "BATCHFLEET_REDIS_URL": url,
+            "BATCHFLEET_KEY_PREFIX": prefix,
+            "BATCHFLEET_MODELS": json.dumps(models),
+        }
+        settings = load_settings(redis_url=url, key_prefix=prefix, models=models)
+        try:
+            with LocalFleet(env) as processes:
+                processes.start("batcher")
+                for index in range(workers):
+                    processes.start("worker", "--cpu", "--name", f"w{index}@{prefix}")
+                wait_until_serving(settings, processes)
+                yield PrivateFleet(settings, processes, url)
+        finally:
+            forget_keys(url, prefix)
+
+
+def wait_until_serving(settings: Settings, processes: LocalFleet) -> None:
+    """Barrier: one request per model makes the whole path before the run starts."""
+    with Producer(settings) as producer:
+        try:
+            for model in settings.models:
+                producer.result(producer.submit(model, "warmup"), timeout_s=READY_TIMEOUT_S)
+        except BatchfleetError as exc:
+            print(processes.logs())
+            raise BatchfleetError(f"the fleet did not start: {exc}") from exc
+
+
+def forget_keys(url: str, prefix: str) -> None:
+    """Deletes a run's keys (requests, results, Celery queues) from Redis."""
+    client = redis.Redis.from_url(url)
+    try:
+        for pattern in (f"{prefix}:*", f"{prefix}.*"):
+            for key in client.scan_iter(match=pattern, count=1000):
+                client.delete(key)
+    finally:
+        client.close()
