@@ -6,6 +6,7 @@ decide is decided here.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -21,10 +22,13 @@ from config.errors import (
     RequestIdConflict,
     UnknownModel,
     UnknownRequest,
+    WireFormatError,
 )
 from config.keys import Keys
 from config.schema import STREAM_FIELD, Request, Result, canonical_json, input_digest
 from config.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MAX_REQUEST_ID_LEN = 200
 MAX_DEADLINE_S = 7 * 24 * 3600.0
@@ -214,3 +218,19 @@ class ProducerCore:
 def chunks(items: Sequence[T], size: int = SUBMIT_CHUNK) -> list[Sequence[T]]:
     """Splits ``items`` into the groups sent in one round trip each."""
     return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+INBOX_DRAIN = 512
+
+
+def read_inbox(raws: Sequence[bytes | str | None]) -> list[Result]:
+    """The results among raw inbox items; wake-up sentinels and unreadable items are skipped."""
+    results = []
+    for raw in raws:
+        if not raw:
+            continue
+        try:
+            results.append(Result.decode(raw))
+        except WireFormatError as exc:
+            log.warning("dropping an unreadable result from an inbox: %s", exc)
+    return results

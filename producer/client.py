@@ -13,10 +13,17 @@ from typing import Any
 
 import redis
 
-from config.errors import BrokerUnavailable, ResultTimeout, WireFormatError
+from config.errors import BrokerUnavailable, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
-from producer.admission import ADMIT_SCRIPT, WATCH_SCRIPT, ProducerCore, chunks
+from producer.admission import (
+    ADMIT_SCRIPT,
+    INBOX_DRAIN,
+    WATCH_SCRIPT,
+    ProducerCore,
+    chunks,
+    read_inbox,
+)
 from producer.redis_errors import broker_errors
 
 log = logging.getLogger(__name__)
@@ -84,18 +91,18 @@ class InboxListener:
                 self._fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
                 self._closed.wait(0.5)
                 continue
-            if item is None or not item[1]:
+            if item is None:
                 continue
-            try:
-                result = Result.decode(item[1])
-            except WireFormatError as exc:
-                log.warning("dropping unreadable result from %s: %s", self._inbox, exc)
-                continue
-            with self._lock:
-                futures = self._waiting.pop(result.request_id, [])
-            for future in futures:
-                if not future.done():
-                    future.set_result(result)
+            try:  # a batch finalizes many results at once: take them in one more round trip
+                rest = self._client.lpop(self._inbox, INBOX_DRAIN) or []
+            except redis.RedisError:
+                rest = []
+            for result in read_inbox([item[1], *rest]):
+                with self._lock:
+                    futures = self._waiting.pop(result.request_id, [])
+                for future in futures:
+                    if not future.done():
+                        future.set_result(result)
 
     def _fail_all(self, error: Exception) -> None:
         with self._lock:

@@ -36,9 +36,10 @@ RETRY_PAUSE_S = 0.5
 # Redis checks blocked clients' timeouts on its ~100 ms cron tick (hz 10), so a BLOCK shorter
 # than this wakes late; such waits are slept here, then the stream is read without blocking.
 PRECISE_BLOCK_S = 0.1
-# While every worker slot is busy the batcher holds up to this many batches' worth of requests,
-# so that deadlines pass over a deep backlog, not only over the next batch.
-HELD_BATCHES_WHILE_BUSY = 8
+# While every worker slot is busy, the unread backlog is scanned this often for requests past
+# their deadline, up to BACKLOG_SCAN_COUNT entries at a time.
+BACKLOG_SCAN_S = 0.5
+BACKLOG_SCAN_COUNT = 2000
 
 # Forgets consumers (dead batchers, departed workers) that hold nothing and have been idle
 # past the lease; atomic, so a consumer that just took entries is never deleted with them.
@@ -89,6 +90,7 @@ class ModelBatcher:
         self._lease_s = settings.batcher.reclaim_lease_s
         self._pending: dict[str, Pending] = {}
         self._next_reclaim = 0.0
+        self._next_backlog_scan = 0.0
         self.failed = False
 
     def run(self, stop: threading.Event) -> None:
@@ -132,16 +134,17 @@ class ModelBatcher:
         wait_s = min(plan.wait_s if plan.wait_s is not None else MAX_BLOCK_S, MAX_BLOCK_S)
         room = self.policy.max_batch_size - len(self._pending)
         if free <= 0:
-            room += self.policy.max_batch_size * (HELD_BATCHES_WHILE_BUSY - 1)
-        if free > 0 and self._pending and wait_s < PRECISE_BLOCK_S:
+            # Unread requests stay in the stream, where a waiting batch takes them when its
+            # device frees (late binding); only their deadlines are watched from here.
+            if now >= self._next_backlog_scan:
+                self._expire_backlog()
+                self._next_backlog_scan = now + BACKLOG_SCAN_S
+            self._state.wait_for_slot(min(wait_s, BACKLOG_SCAN_S))
+        elif self._pending and wait_s < PRECISE_BLOCK_S:
             time.sleep(wait_s)
             self._take(self._read(count=room, block_s=None))
-        elif free > 0:
-            self._take(self._read(count=room, block_s=wait_s))
         else:
-            if room > 0:
-                self._take(self._read(count=room, block_s=None))
-            self._state.wait_for_slot(wait_s)
+            self._take(self._read(count=room, block_s=wait_s))
         return plan
 
     def _ensure_group(self) -> None:
@@ -212,6 +215,35 @@ class ModelBatcher:
             )
         self._writer.finalize(read.invalid)
         self._writer.drop(read.dropped)
+
+    def _expire_backlog(self) -> None:
+        """Answers ``expired`` for unread requests past their deadline, deleting their entries
+        (nobody has read them, so nothing else holds them)."""
+        last_read = next(
+            (
+                to_text(group["last-delivered-id"])
+                for group in self._client.xinfo_groups(self.stream)
+                if to_text(group["name"]) == CONSUMER_GROUP
+            ),
+            "0-0",
+        )
+        entries: Any = self._client.xrange(self.stream, f"({last_read}", count=BACKLOG_SCAN_COUNT)
+        read = read_entries(entries, self.model, self.policy.result_ttl_s)
+        now = time.time()
+        finals = [
+            error_final(
+                request,
+                entry_id,
+                "expired",
+                "deadline passed before the request ran",
+                self.policy.result_ttl_s,
+            )
+            for entry_id, _, request in read.requests
+            if request.deadline_at <= now
+        ]
+        if finals:
+            log.info("model %s: %d queued requests passed their deadline", self.model, len(finals))
+        self._writer.finalize(finals)
 
     def _expire(self, expired: Sequence[Pending]) -> None:
         finals = [
