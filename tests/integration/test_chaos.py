@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from config.keys import CONSUMER_GROUP, Keys
+from workers.capacity import FleetState, worker_member
 from workers.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 
@@ -81,14 +82,21 @@ def test_batcher_killed_after_read_before_dispatch_loses_no_request(
 ) -> None:
     """SIGKILL of a batcher holding read, undispatched requests: a restarted batcher (same
     name) resumes them at once, another batcher reclaims them after the lease."""
-    fleet = make_fleet(**CHAOS_SETTINGS)
-    batcher = fleet.start("batcher", "--name", "b1")
-    with producer_for(fleet) as producer:
+    # The first batcher sees one live worker that is busy and has a free slot: it reads the
+    # requests and holds them for a fuller batch (a long window), undispatched.
+    holding = make_fleet(**CHAOS_SETTINGS, BATCHFLEET_MODELS__SYNTHETIC__MAX_WAIT_S="60")
+    state = FleetState(redis_client, Keys(holding.env["BATCHFLEET_KEY_PREFIX"]), "synthetic")
+    state.heartbeat(worker_member("busy@test", 2), ttl_s=60)
+    state.dispatched("running-batch")
+    batcher = holding.start("batcher", "--name", "b1")
+    with producer_for(holding) as producer:
         inputs = [f"request {index}" for index in range(20)]
         ids = producer.submit_many("synthetic", inputs)
-        # No worker is up, so the batcher reads the requests and holds them undispatched.
-        wait_until(lambda: held_by(redis_client, fleet, "b1") == len(ids))
-        fleet.stop(batcher, signal.SIGKILL)
+        wait_until(lambda: held_by(redis_client, holding, "b1") == len(ids))
+        holding.stop(batcher, signal.SIGKILL)
+        state.leave(worker_member("busy@test", 2))
+        state.undispatched("running-batch")
+        fleet = make_fleet(**CHAOS_SETTINGS)
         fleet.start("worker", "--cpu")
         fleet.start("batcher", "--name", successor)
         results = {result.request_id: result for result in producer.results(ids, timeout_s=60)}
