@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,7 +26,14 @@ from config.errors import (
     WireFormatError,
 )
 from config.keys import Keys
-from config.schema import STREAM_FIELD, Request, Result, canonical_json, input_digest
+from config.schema import (
+    STREAM_FIELD,
+    Request,
+    Result,
+    canonical_json,
+    encode_request,
+    input_digest,
+)
 from config.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,18 +41,29 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_ID_LEN = 200
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 
-# KEYS: stream, request record
-# ARGV: digest, request json, max_queue_len, record ttl ms, stream field
+# Admits a chunk of requests for one model, atomically: each id is deduplicated by its record,
+# the queue cap is checked per request, and accepted requests are appended to the stream.
+# KEYS: stream, then one request record per request
+# ARGV: max_queue_len, stream field, then per request: digest, request json, record ttl ms
 ADMIT_SCRIPT = """
-local record = redis.call('GET', KEYS[2])
-if record then
-  if record ~= ARGV[1] then return 'conflict' end
-  return 'duplicate'
+local statuses = {}
+local queued = redis.call('XLEN', KEYS[1])
+local cap = tonumber(ARGV[1])
+for i = 2, #KEYS do
+  local at = 3 + (i - 2) * 3
+  local record = redis.call('GET', KEYS[i])
+  if record then
+    if record == ARGV[at] then statuses[i - 1] = 'duplicate' else statuses[i - 1] = 'conflict' end
+  elseif queued >= cap then
+    statuses[i - 1] = 'full'
+  else
+    redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 2])
+    redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
+    queued = queued + 1
+    statuses[i - 1] = 'accepted'
+  end
 end
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'full' end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])
-redis.call('XADD', KEYS[1], '*', ARGV[5], ARGV[2])
-return 'accepted'
+return statuses
 """
 
 # KEYS: result, request record, waiters
@@ -65,11 +84,18 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Prepared:
-    """A validated request, ready for the admission script."""
+    """A validated request, encoded for the wire and ready for the admission script."""
 
-    request: Request
-    keys: list[str]
-    args: list[str | int]
+    request_id: str
+    model: str
+    digest: str
+    encoded: str
+    record_key: str
+    record_ttl_ms: int
+
+    @property
+    def request(self) -> Request:
+        return Request.decode(self.encoded)
 
 
 class ProducerCore:
@@ -113,29 +139,29 @@ class ProducerCore:
             raise InvalidInput(f"deadline_s {timeout_s} is over the {MAX_DEADLINE_S:.0f}s maximum")
         now = time.time()
         digest = input_digest(model, input_json)
-        request = Request(
+        return Prepared(
             request_id=request_id,
             model=model,
-            input=input,
             digest=digest,
-            submitted_at=now,
-            deadline_at=now + timeout_s,
+            encoded=encode_request(request_id, model, input_json, digest, now, now + timeout_s),
+            record_key=self.keys.request(request_id),
+            record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
         )
-        try:
-            encoded = request.encode()
-        except ValueError as exc:  # pydantic's serialiser refuses what JSON cannot carry
-            raise InvalidInput(f"input cannot be encoded: {exc}") from exc
-        record_ttl_ms = int((timeout_s + policy.result_ttl_s) * 1000)
-        return Prepared(
-            request=request,
-            keys=[self.keys.requests(model), self.keys.request(request_id)],
-            args=[digest, encoded, policy.max_queue_len, record_ttl_ms, STREAM_FIELD],
-        )
+
+    def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
+        """The keys and args of one admission script call for ``chunk`` (one model)."""
+        model = chunk[0].model
+        keys = [self.keys.requests(model)]
+        args: list[str | int] = [self.settings.policy(model).max_queue_len, STREAM_FIELD]
+        for item in chunk:
+            keys.append(item.record_key)
+            args += [item.digest, item.encoded, item.record_ttl_ms]
+        return keys, args
 
     @staticmethod
     def _check_request_id(request_id: str | None) -> str:
         if request_id is None:
-            return uuid.uuid4().hex
+            return os.urandom(16).hex()
         if (
             not isinstance(request_id, str)
             or not 0 < len(request_id) <= MAX_REQUEST_ID_LEN
@@ -152,7 +178,7 @@ class ProducerCore:
     def check_admission(prepared: Prepared, reply: str | bytes) -> None:
         """Turns the admission script's reply into nothing (accepted) or a typed refusal."""
         status = reply.decode() if isinstance(reply, bytes) else reply
-        request = prepared.request
+        request = prepared
         if status in ("accepted", "duplicate"):
             return
         if status == "full":
@@ -180,7 +206,7 @@ class ProducerCore:
             except QueueFull as exc:
                 refusal = refusal or exc
                 continue
-            accepted.append(item.request.request_id)
+            accepted.append(item.request_id)
         return accepted, refusal
 
     def watch_call(self, request_id: str) -> tuple[list[str], list[str]]:

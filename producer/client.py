@@ -164,10 +164,11 @@ class Producer:
             BrokerUnavailable: Redis cannot be reached.
         """
         prepared = self._core.prepare(model, input, request_id=request_id, deadline_s=deadline_s)
+        keys, args = self._core.admit_call([prepared])
         with broker_errors():
-            reply = self._admit(keys=prepared.keys, args=prepared.args)
+            (reply,) = self._admit(keys=keys, args=args)
         self._core.check_admission(prepared, reply)
-        return prepared.request.request_id
+        return prepared.request_id
 
     def submit_many(
         self, model: str, inputs: Iterable[Any], *, deadline_s: float | None = None
@@ -184,11 +185,9 @@ class Producer:
         prepared = [self._core.prepare(model, item, deadline_s=deadline_s) for item in inputs]
         accepted: list[str] = []
         for chunk in chunks(prepared):
+            keys, args = self._core.admit_call(chunk)
             with broker_errors():
-                pipe = self._client.pipeline(transaction=False)
-                for item in chunk:
-                    self._admit(keys=item.keys, args=item.args, client=pipe)
-                replies = pipe.execute()
+                replies = self._admit(keys=keys, args=args)
             ids, refusal = self._core.check_chunk(chunk, replies)
             accepted.extend(ids)
             if refusal is not None:

@@ -5,7 +5,14 @@ import json
 import pytest
 
 from config.errors import InvalidInput, ModelError, RequestExpired, WireFormatError
-from config.schema import ErrorInfo, Request, Result, canonical_json, input_digest
+from config.schema import (
+    ErrorInfo,
+    Request,
+    Result,
+    canonical_json,
+    encode_request,
+    input_digest,
+)
 
 
 def make_request(**overrides: object) -> Request:
@@ -76,3 +83,25 @@ def test_result_unwrap_raises_the_error_for_its_code() -> None:
     with pytest.raises(ModelError, match="boom"):
         failed.unwrap()
     assert Result.decode(failed.encode()) == failed
+
+
+def test_fast_request_encoding_decodes_to_the_same_request() -> None:
+    """The producer's hand-built wire form is exactly a Request, ids and floats intact."""
+    wire = encode_request(
+        'id "quoted" é',
+        "model/1",
+        canonical_json({"b": [1.5, None], "a": "é"}),
+        "d" * 64,
+        1796045473.123456,
+        1796045533.987654,
+    )
+    request = Request.decode(wire)
+    assert request == Request(
+        request_id='id "quoted" é',
+        model="model/1",
+        input={"a": "é", "b": [1.5, None]},
+        digest="d" * 64,
+        submitted_at=1796045473.123456,
+        deadline_at=1796045533.987654,
+    )
+    assert json.loads(wire) == json.loads(request.encode())
