@@ -19,6 +19,20 @@ STREAM_FIELD = "request"
 
 ErrorCode = Literal["expired", "invalid_input", "model_error"]
 MAX_NESTING = 100
+MAX_REQUEST_ID_LEN = 200
+
+
+def is_valid_request_id(request_id: object) -> bool:
+    """A request id is 1-200 printable characters, no white space, valid UTF-8."""
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_LEN:
+        return False
+    if not request_id.isprintable() or any(ch.isspace() for ch in request_id):
+        return False
+    try:
+        request_id.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def nesting_depth(value: Any) -> int:
@@ -49,8 +63,9 @@ def canonical_json(value: Any) -> str:
         encoded = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
+        encoded.encode()  # a lone surrogate passes json.dumps but is not UTF-8
     except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidInput(f"input is not JSON-serialisable: {exc}") from exc
+        raise InvalidInput(f"value is not JSON-serialisable: {exc}") from exc
     # Fewer brackets than the limit cannot nest deeper than it; only then is depth walked.
     if encoded.count("[") + encoded.count("{") > MAX_NESTING and nesting_depth(value) > MAX_NESTING:
         raise InvalidInput(f"value nests deeper than {MAX_NESTING} levels")

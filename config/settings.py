@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     )
 
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
-    redis_socket_timeout_s: float = Field(5.0, gt=0)
+    # Above the 1 s blocking reads of batchers and inbox listeners, which must not time out.
+    redis_socket_timeout_s: float = Field(5.0, ge=2.0)
     key_prefix: str = Field("bf", pattern=r"^[A-Za-z0-9_.-]+$")
     models: dict[str, ModelPolicy] = Field(default_factory=default_models)
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)

@@ -27,18 +27,19 @@ from config.errors import (
 )
 from config.keys import Keys
 from config.schema import (
+    MAX_REQUEST_ID_LEN,
     STREAM_FIELD,
     Request,
     Result,
     canonical_json,
     encode_request,
     input_digest,
+    is_valid_request_id,
 )
 from config.settings import Settings
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_ID_LEN = 200
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 
 # Admits a chunk of requests for one model, atomically: each id is deduplicated by its record,
@@ -162,12 +163,7 @@ class ProducerCore:
     def _check_request_id(request_id: str | None) -> str:
         if request_id is None:
             return os.urandom(16).hex()
-        if (
-            not isinstance(request_id, str)
-            or not 0 < len(request_id) <= MAX_REQUEST_ID_LEN
-            or not request_id.isprintable()
-            or any(ch.isspace() for ch in request_id)
-        ):
+        if not is_valid_request_id(request_id):
             raise InvalidInput(
                 f"request_id must be 1-{MAX_REQUEST_ID_LEN} printable characters without spaces,"
                 f" got {request_id!r}"

@@ -35,6 +35,10 @@ return redis.call('ZADD', KEYS[1], t[1] + t[2] / 1e6, ARGV[1])
 """
 
 
+# A batcher needs one token to wake; a few more cover several batchers per model.
+SLOT_TOKENS_KEPT = 8
+
+
 @dataclass(frozen=True)
 class Capacity:
     """The model's live worker slots and its batches in flight."""
@@ -98,6 +102,7 @@ class FleetState:
         pipe = self._client.pipeline(transaction=False)
         pipe.zrem(self._keys.inflight(self._model), batch_id)
         pipe.lpush(self._keys.slot_free(self._model), batch_id)
+        pipe.ltrim(self._keys.slot_free(self._model), 0, SLOT_TOKENS_KEPT - 1)
         pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
         pipe.execute()
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.errors import WireFormatError
-from config.schema import STREAM_FIELD, Request
-from producer.admission import MAX_REQUEST_ID_LEN
+from config.schema import STREAM_FIELD, Request, is_valid_request_id
 from workers.results import Final, error_result
 
 log = logging.getLogger(__name__)
@@ -75,6 +74,4 @@ def _claimed_request_id(raw: str) -> str | None:
         request_id = json.loads(raw).get("request_id")
     except Exception:  # not JSON, not an object, nested too deep: no id to answer
         return None
-    if isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LEN:
-        return request_id
-    return None
+    return request_id if is_valid_request_id(request_id) else None

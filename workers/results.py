@@ -76,6 +76,24 @@ def error_final(
     return Final(entry_id=entry_id, result=result, digest=request.digest, ttl_s=ttl_s)
 
 
+def encode_answer(result: Result) -> str:
+    """The result's JSON; when an output cannot be encoded (a lone surrogate, say), the
+    request's answer becomes a ``model_error`` saying so, never a failed write."""
+    try:
+        payload = result.encode()
+        payload.encode()
+    except ValueError as exc:  # pydantic's serialiser and UTF-8 both raise ValueErrors
+        fallback = error_result(
+            result.request_id,
+            result.model,
+            "model_error",
+            f"output cannot be encoded: {exc}",
+            submitted_at=result.submitted_at,
+        )
+        return fallback.encode()
+    return payload
+
+
 class ResultWriter:
     """Finalizes requests of one model in one round trip per call."""
 
@@ -92,6 +110,7 @@ class ResultWriter:
         pipe = self._client.pipeline(transaction=False)
         for final in finals:
             request_id = final.result.request_id
+            payload = encode_answer(final.result)
             self._script(
                 keys=[
                     self._keys.result(request_id),
@@ -100,7 +119,7 @@ class ResultWriter:
                     self._keys.requests(self._model),
                 ],
                 args=[
-                    final.result.encode(),
+                    payload,
                     final.digest,
                     int(final.ttl_s * 1000),
                     CONSUMER_GROUP,

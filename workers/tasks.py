@@ -79,6 +79,23 @@ class WorkerRuntime:
         When the device frees, a batch below ``max_batch_size`` first tops itself up with
         requests that reached the stream since the batcher formed it (late binding).
         """
+        try:
+            ran = self._run_batch(model_name, batch_id, entries, flush_reason)
+        finally:
+            # The slot comes back whatever happened; requests left unanswered by a failure
+            # stay pending in the stream and are reclaimed after the lease.
+            FleetState(self.client, self.keys, model_name).batch_done(
+                batch_id, self.settings.batcher.reclaim_lease_s
+            )
+        return {"batch_id": batch_id, "size": len(entries), "ran": ran}
+
+    def _run_batch(
+        self,
+        model_name: str,
+        batch_id: str,
+        entries: Sequence[Sequence[str]],
+        flush_reason: str | None,
+    ) -> int:
         policy = self.settings.policy(model_name)
         writer = ResultWriter(self.client, self.keys, model_name)
         stream = self.keys.requests(model_name)
@@ -101,10 +118,7 @@ class WorkerRuntime:
                 )
         writer.finalize(finals)
         writer.drop(read.dropped)
-        FleetState(self.client, self.keys, model_name).batch_done(
-            batch_id, self.settings.batcher.reclaim_lease_s
-        )
-        return {"batch_id": batch_id, "size": len(entries), "ran": len(runnable)}
+        return len(runnable)
 
     def _sort_out(
         self,
