@@ -9,8 +9,13 @@ key                         type    writer                    reader            
                                                                                  XDEL'd when final
 ``bf:m:{model}:inflight``   zset    batcher ZADD, worker ZREM batcher            pruned after
                                                                                  the lease
+``bf:m:{model}:inflight_``  hash    worker (start, done)      batcher            with inflight
+``owners``                  batch→
+                            worker
 ``bf:m:{model}:slot_free``  list    worker (LPUSH)            batcher (BLPOP)    the lease
 ``bf:m:{model}:workers``    zset    worker (heartbeat)        batcher            pruned by score
+``bf:m:{model}:attempts``   hash    batcher (reclaim)         batcher            fields HDEL'd
+                                                                                 when final
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -49,6 +54,10 @@ class Keys:
         """Batches dispatched to Celery and not yet finished, scored by dispatch time."""
         return f"{self.prefix}:m:{model}:inflight"
 
+    def inflight_owners(self, model: str) -> str:
+        """Which worker (its heartbeat member) runs each started in-flight batch."""
+        return f"{self.prefix}:m:{model}:inflight_owners"
+
     def slot_free(self, model: str) -> str:
         """The list a worker pushes to when it finishes a batch, waking the batcher."""
         return f"{self.prefix}:m:{model}:slot_free"
@@ -56,6 +65,10 @@ class Keys:
     def workers(self, model: str) -> str:
         """Live workers of the model: member ``hostname|slots``, score the heartbeat's expiry."""
         return f"{self.prefix}:m:{model}:workers"
+
+    def attempts(self, model: str) -> str:
+        """How often each stream entry was taken back from a process that died holding it."""
+        return f"{self.prefix}:m:{model}:attempts"
 
     def request(self, request_id: str) -> str:
         """The admission record of a request id: model and input hash, for idempotency."""

@@ -49,6 +49,9 @@ class BatcherSettings(BaseModel):
 
     reclaim_lease_s: float = Field(45.0, gt=0)
     batches_per_worker_slot: int = Field(1, ge=1)
+    # A request whose process died this many times (a segfault, OOM, CUDA abort on that
+    # input) is answered model_error instead of being sent again.
+    max_attempts: int = Field(3, ge=1)
 
 
 class WorkerSettings(BaseModel):

@@ -104,7 +104,7 @@ class ModelBatcher:
             try:
                 if not started:
                     self._ensure_group()
-                    self._take(self._read(history=True))
+                    self._take_back(self._read(history=True))
                     started = True
                 self.step()
             except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
@@ -191,19 +191,45 @@ class ModelBatcher:
                 log.info(
                     "model %s: reclaimed %d requests past their lease", self.model, len(claimed)
                 )
-            self._take(claimed)
+            self._take_back(claimed)
             if cursor == "0-0":
                 break
         self._prune_consumers(
             keys=[self.stream], args=[CONSUMER_GROUP, int(self._lease_s * 2000), self.consumer]
         )
 
-    def _take(self, entries: Sequence[StreamEntry]) -> None:
+    def _take_back(self, entries: Sequence[StreamEntry]) -> None:
+        """Holds entries taken from a process that died holding them, counting the attempt;
+        those that reached ``max_attempts`` are answered ``model_error`` instead."""
+        ids = [to_text(entry_id) for entry_id, _ in entries if entry_id is not None]
+        ids = [entry_id for entry_id in ids if entry_id not in self._pending]
+        if not ids:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.hincrby(self.keys.attempts(self.model), entry_id, 1)
+        attempts = dict(zip(ids, pipe.execute(), strict=True))
+        self._take(entries, attempts)
+
+    def _take(self, entries: Sequence[StreamEntry], attempts: dict[str, int] | None = None) -> None:
         """Holds the requests read; malformed entries end as ``invalid_input`` or are dropped."""
         now_mono, now_wall = monotonic(), time.time()
         read = read_entries(entries, self.model, self.policy.result_ttl_s)
+        given_up = []
         for entry_id, raw, request in read.requests:
             if entry_id in self._pending:
+                continue
+            tries = (attempts or {}).get(entry_id, 0)
+            if tries >= self.settings.batcher.max_attempts:
+                given_up.append(
+                    error_final(
+                        request,
+                        entry_id,
+                        "model_error",
+                        f"gave up after {tries} attempts: the process running it died each time",
+                        self.policy.result_ttl_s,
+                    )
+                )
                 continue
             entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
             self._pending[entry_id] = Pending(
@@ -212,8 +238,9 @@ class ModelBatcher:
                 raw=raw,
                 arrived_at=now_mono - max(0.0, now_wall - entry_wall_s),
                 deadline_at=now_mono + (request.deadline_at - now_wall),
+                attempts=tries,
             )
-        self._writer.finalize(read.invalid)
+        self._writer.finalize([*read.invalid, *given_up])
         self._writer.drop(read.dropped)
 
     def _expire_backlog(self) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import redis
 
 from config.keys import Keys
+from config.settings import Settings
 
 # KEYS: workers zset; ARGV: member, ttl seconds, ('' to add | 'remove')
 HEARTBEAT_SCRIPT = """
@@ -19,12 +20,24 @@ local now = redis.call('TIME')
 return redis.call('ZADD', KEYS[1], now[1] + now[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
 """
 
-# KEYS: workers zset, inflight zset; ARGV: lease seconds
+# Prunes workers whose heartbeat expired, batches whose worker is gone, and batches older
+# than the lease (published but never started), then counts what is left.
+# KEYS: workers zset, inflight zset, inflight owners hash; ARGV: lease seconds
 CAPACITY_SCRIPT = """
 local t = redis.call('TIME')
 local now = t[1] + t[2] / 1e6
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))
+for _, batch in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local owner = redis.call('HGET', KEYS[3], batch)
+  if owner and not redis.call('ZSCORE', KEYS[1], owner) then
+    redis.call('ZREM', KEYS[2], batch)
+    redis.call('HDEL', KEYS[3], batch)
+  end
+end
+for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))) do
+  redis.call('ZREM', KEYS[2], batch)
+  redis.call('HDEL', KEYS[3], batch)
+end
 return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('ZCARD', KEYS[2])}
 """
 
@@ -81,7 +94,11 @@ class FleetState:
     def capacity(self, lease_s: float) -> Capacity:
         """Prunes expired workers and stale in-flight batches, then counts what is left."""
         members, inflight = self._capacity(
-            keys=[self._keys.workers(self._model), self._keys.inflight(self._model)],
+            keys=[
+                self._keys.workers(self._model),
+                self._keys.inflight(self._model),
+                self._keys.inflight_owners(self._model),
+            ],
             args=[lease_s],
         )
         slots = 0
@@ -97,10 +114,15 @@ class FleetState:
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)
 
+    def batch_started(self, batch_id: str, member: str) -> None:
+        """Records which worker runs the batch, so that its death frees the slot at once."""
+        self._client.hset(self._keys.inflight_owners(self._model), batch_id, member)
+
     def batch_done(self, batch_id: str, lease_s: float) -> None:
         """Clears the batch from in-flight and wakes a batcher waiting for a free slot."""
         pipe = self._client.pipeline(transaction=False)
         pipe.zrem(self._keys.inflight(self._model), batch_id)
+        pipe.hdel(self._keys.inflight_owners(self._model), batch_id)
         pipe.lpush(self._keys.slot_free(self._model), batch_id)
         pipe.ltrim(self._keys.slot_free(self._model), 0, SLOT_TOKENS_KEPT - 1)
         pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
@@ -110,3 +132,8 @@ class FleetState:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:
         Redis 6.2 rounds a smaller BLPOP timeout down to 0, which blocks forever)."""
         self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
+
+
+def slots_of(settings: Settings) -> int:
+    """How many batches one worker process runs or holds ready at once."""
+    return 1 if settings.worker.pool == "solo" else settings.worker.concurrency

@@ -5,6 +5,8 @@ device is busy requests gather into fuller batches. Rules, in order:
 
 1. A request whose deadline has passed is dropped (it gets an ``expired`` error).
 2. With no free worker slot nothing is sent: requests keep gathering into a fuller batch.
+   A request taken back from a process that died holding it rides alone (``isolated``),
+   so that an input that kills its process cannot take innocent requests down with it.
 3. With a free slot, a batch of the oldest requests leaves when ``max_batch_size`` wait
    (``size``); when some worker has no batch at all (``idle``: holding would only idle its
    device); or when the oldest has waited ``max_wait_s`` (``wait``) — the window only bounds
@@ -24,7 +26,7 @@ from typing import Literal
 from config.schema import Request
 from config.settings import ModelPolicy
 
-FlushReason = Literal["size", "idle", "wait"]
+FlushReason = Literal["size", "idle", "wait", "isolated"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Pending:
     raw: str
     arrived_at: float
     deadline_at: float
+    attempts: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ def plan_batch(
         return Plan(expired=expired)
     oldest_wait_s = now - live[0].arrived_at
     if free_slots > 0:
+        suspect = next((item for item in live if item.attempts > 0), None)
+        if suspect is not None:
+            return Plan(expired, (suspect,), "isolated")
         if len(live) >= policy.max_batch_size:
             return Plan(expired, tuple(live[: policy.max_batch_size]), "size")
         if idle_workers > 0:

@@ -17,7 +17,7 @@ import redis
 from config.keys import CONSUMER_GROUP, Keys
 from config.schema import ErrorCode, ErrorInfo, Request, Result
 
-# KEYS: result, request record, waiters, stream
+# KEYS: result, request record, waiters, stream, attempts hash
 # ARGV: result json, digest ('' = write whatever the record holds), ttl ms, group, entry id
 FINALIZE_SCRIPT = """
 local status
@@ -38,6 +38,7 @@ end
 if ARGV[5] ~= '' then
   redis.call('XACK', KEYS[4], ARGV[4], ARGV[5])
   redis.call('XDEL', KEYS[4], ARGV[5])
+  redis.call('HDEL', KEYS[5], ARGV[5])
 end
 return status
 """
@@ -117,6 +118,7 @@ class ResultWriter:
                     self._keys.request(request_id),
                     self._keys.waiters(request_id),
                     self._keys.requests(self._model),
+                    self._keys.attempts(self._model),
                 ],
                 args=[
                     payload,
@@ -139,6 +141,7 @@ class ResultWriter:
         pipe = self._client.pipeline(transaction=False)
         pipe.xack(stream, CONSUMER_GROUP, *entry_ids)
         pipe.xdel(stream, *entry_ids)
+        pipe.hdel(self._keys.attempts(self._model), *entry_ids)
         pipe.execute()
 
     def existing(self, request_ids: Sequence[str]) -> list[bool]:

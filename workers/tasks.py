@@ -18,7 +18,7 @@ from config.keys import CONSUMER_GROUP, Keys
 from config.schema import STREAM_FIELD, Request, Result, canonical_json
 from config.settings import Settings
 from producer.client import connect
-from workers.capacity import FleetState
+from workers.capacity import FleetState, slots_of, worker_member
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import read_entries
 from workers.models.base import Model
@@ -51,6 +51,7 @@ class WorkerRuntime:
         # model work, so the next batch is ready the moment the device frees.
         self._device_lock = threading.RLock()
         self.consumer = f"worker:{hostname}"
+        self.member = worker_member(hostname, slots_of(settings))
 
     def load_models(self) -> None:
         """Loads every served model now; raises ConfigError with one clear line on failure."""
@@ -79,14 +80,14 @@ class WorkerRuntime:
         When the device frees, a batch below ``max_batch_size`` first tops itself up with
         requests that reached the stream since the batcher formed it (late binding).
         """
+        state = FleetState(self.client, self.keys, model_name)
         try:
+            state.batch_started(batch_id, self.member)
             ran = self._run_batch(model_name, batch_id, entries, flush_reason)
         finally:
             # The slot comes back whatever happened; requests left unanswered by a failure
             # stay pending in the stream and are reclaimed after the lease.
-            FleetState(self.client, self.keys, model_name).batch_done(
-                batch_id, self.settings.batcher.reclaim_lease_s
-            )
+            state.batch_done(batch_id, self.settings.batcher.reclaim_lease_s)
         return {"batch_id": batch_id, "size": len(entries), "ran": ran}
 
     def _run_batch(
@@ -111,7 +112,8 @@ class WorkerRuntime:
         done = writer.existing([request.request_id for _, _, request in read.requests])
         runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
         with self._device_lock:
-            runnable += self._top_up(model_name, len(runnable), writer, finals)
+            if flush_reason != "isolated":  # a suspect input runs alone
+                runnable += self._top_up(model_name, len(runnable), writer, finals)
             if runnable:
                 finals.extend(
                     self._predict(model_name, batch_id, runnable, policy.result_ttl_s, flush_reason)

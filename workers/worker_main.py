@@ -15,7 +15,7 @@ from types import FrameType
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from config.settings import Settings
-from workers.capacity import FleetState, worker_member
+from workers.capacity import FleetState, slots_of, worker_member
 from workers.celery_app import make_celery_app
 from workers.gpu import gpu_count, hide_gpus, pin_to_gpu
 from workers.tasks import WorkerRuntime, register_tasks
@@ -27,11 +27,6 @@ def worker_hostname(gpu: int | None) -> str:
     """The Celery node name: the GPU id and the host, e.g. ``gpu0@node7``."""
     host = socket.gethostname()
     return f"gpu{gpu}@{host}" if gpu is not None else f"cpu-{os.getpid()}@{host}"
-
-
-def slots_of(settings: Settings) -> int:
-    """How many batches one worker process runs or holds ready at once."""
-    return 1 if settings.worker.pool == "solo" else settings.worker.concurrency
 
 
 class Heartbeat:

@@ -316,3 +316,46 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
     assert {stored_result(fake_redis, rid).batch_size for rid in rode_along} == {4}
     assert not any(fake_redis.exists(KEYS.result(rid)) for rid in later[3:])
     assert fake_redis.xlen(STREAM) == 2
+
+
+def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) -> list[Any]:
+    """Entries a process read and then died holding, as a reclaim hands them over."""
+    batcher._ensure_group()
+    reply = client.xreadgroup(CONSUMER_GROUP, "worker:dead", {STREAM: ">"})
+    return [entry for _, entries in reply for entry in entries]
+
+
+def test_requests_taken_back_from_a_dead_process_ride_alone(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """After a crash each suspect request is its own batch, never topped up, so an input that
+    kills its process cannot take innocent requests with it again."""
+    add_worker(fake_redis, slots=4)
+    ids = producer.submit_many("synthetic", ["a", "b", "c"])
+    batcher._take_back(taken_by_a_dead_process(fake_redis, batcher))
+    for _ in range(3):
+        batcher.step()
+    assert [len(task["args"][2]) for task in celery.sent] == [1, 1, 1]
+    assert {task["args"][3] for task in celery.sent} == {"isolated"}
+    assert {Request.decode(task["args"][2][0][1]).request_id for task in celery.sent} == set(ids)
+
+
+def test_a_request_whose_process_keeps_dying_is_answered_model_error(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """At max_attempts the request is not sent again: its caller gets model_error."""
+    (request_id,) = producer.submit_many("synthetic", ["segfault"])
+    entries = taken_by_a_dead_process(fake_redis, batcher)
+    fake_redis.hset(KEYS.attempts("synthetic"), entries[0][0], 2)
+    batcher._take_back(entries)
+    error = stored_result(fake_redis, request_id).error
+    assert error is not None and error.code == "model_error"
+    assert "gave up after 3 attempts" in error.message
+    assert celery.sent == []
+    assert not fake_redis.hexists(KEYS.attempts("synthetic"), entries[0][0])

@@ -8,8 +8,10 @@ def test_every_key_has_its_exact_string() -> None:
     keys = Keys("bf")
     assert keys.requests("m") == "bf:m:m:requests"
     assert keys.inflight("m") == "bf:m:m:inflight"
+    assert keys.inflight_owners("m") == "bf:m:m:inflight_owners"
     assert keys.slot_free("m") == "bf:m:m:slot_free"
     assert keys.workers("m") == "bf:m:m:workers"
+    assert keys.attempts("m") == "bf:m:m:attempts"
     assert keys.request("r1") == "bf:r:r1"
     assert keys.waiters("r1") == "bf:w:r1"
     assert keys.result("r1") == "bf:res:r1"

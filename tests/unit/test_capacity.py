@@ -1,0 +1,41 @@
+"""Worker liveness and batches in flight, as the batcher counts them (fakeredis)."""
+
+from __future__ import annotations
+
+import fakeredis
+
+from config.keys import Keys
+from workers.capacity import FleetState, worker_member
+
+LEASE_S = 45.0
+
+
+def test_live_workers_slots_and_batches_in_flight_are_counted(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """Slots add up over live workers; each dispatched batch takes one until it is done."""
+    state = FleetState(fake_redis, Keys("bf"), "m")
+    state.heartbeat(worker_member("a", 2), ttl_s=30)
+    state.heartbeat(worker_member("b", 1), ttl_s=30)
+    state.dispatched("batch-1")
+    capacity = state.capacity(LEASE_S)
+    assert (capacity.workers, capacity.slots, capacity.inflight) == (2, 3, 1)
+    assert capacity.free_slots(batches_per_slot=1) == 2
+    state.batch_done("batch-1", LEASE_S)
+    assert state.capacity(LEASE_S).inflight == 0
+
+
+def test_a_dead_workers_batches_free_their_slots_at_once(fake_redis: fakeredis.FakeRedis) -> None:
+    """When a worker's heartbeat is gone, the batches it had started stop counting, without
+    waiting for the lease; batches not yet started keep their slot."""
+    state = FleetState(fake_redis, Keys("bf"), "m")
+    dead, alive = worker_member("dead", 1), worker_member("alive", 1)
+    state.heartbeat(dead, ttl_s=30)
+    state.heartbeat(alive, ttl_s=30)
+    for batch in ("started-by-dead", "queued"):
+        state.dispatched(batch)
+    state.batch_started("started-by-dead", dead)
+    assert state.capacity(LEASE_S).inflight == 2
+    state.leave(dead)
+    capacity = state.capacity(LEASE_S)
+    assert (capacity.workers, capacity.inflight) == (1, 1)
