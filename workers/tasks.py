@@ -52,6 +52,12 @@ class WorkerRuntime:
         self._device_lock = threading.RLock()
         self.consumer = f"worker:{hostname}"
         self.member = worker_member(hostname, slots_of(settings))
+        self._busy_since: float | None = None
+
+    def model_busy_s(self) -> float:
+        """How long the device has been held by the current batch; 0 when it is free."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def load_models(self) -> None:
         """Loads every served model now; raises ConfigError with one clear line on failure."""
@@ -112,12 +118,18 @@ class WorkerRuntime:
         done = writer.existing([request.request_id for _, _, request in read.requests])
         runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
         with self._device_lock:
-            if flush_reason != "isolated":  # a suspect input runs alone
-                runnable += self._top_up(model_name, len(runnable), writer, finals)
-            if runnable:
-                finals.extend(
-                    self._predict(model_name, batch_id, runnable, policy.result_ttl_s, flush_reason)
-                )
+            self._busy_since = time.monotonic()
+            try:
+                if flush_reason != "isolated":  # a suspect input runs alone
+                    runnable += self._top_up(model_name, len(runnable), writer, finals)
+                if runnable:
+                    finals.extend(
+                        self._predict(
+                            model_name, batch_id, runnable, policy.result_ttl_s, flush_reason
+                        )
+                    )
+            finally:
+                self._busy_since = None
         writer.finalize(finals)
         writer.drop(read.dropped)
         return len(runnable)

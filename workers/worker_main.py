@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -15,7 +16,7 @@ from types import FrameType
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from config.settings import Settings
-from workers.capacity import FleetState, slots_of, worker_member
+from workers.capacity import FleetState, slots_of
 from workers.celery_app import make_celery_app
 from workers.gpu import gpu_count, hide_gpus, pin_to_gpu
 from workers.tasks import WorkerRuntime, register_tasks
@@ -29,16 +30,26 @@ def worker_hostname(gpu: int | None) -> str:
     return f"gpu{gpu}@{host}" if gpu is not None else f"cpu-{os.getpid()}@{host}"
 
 
-class Heartbeat:
-    """Tells batchers every ``heartbeat_s`` that this worker is alive, and its slot count."""
+EXIT_STUCK = 70
 
-    def __init__(self, runtime: WorkerRuntime, slots: int) -> None:
+
+class Heartbeat:
+    """Tells batchers every ``heartbeat_s`` that this worker is alive, and its slot count.
+
+    It is also the watchdog of the threads and solo pools, where Celery enforces no time
+    limit: a model call past ``time_limit_s`` ends the process, as a hard limit does in
+    prefork, so that its requests are reclaimed and a supervisor starts a fresh worker.
+    """
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self._runtime = runtime
         self._states = [
             FleetState(runtime.client, runtime.keys, model) for model in runtime.model_names
         ]
-        self._member = worker_member(runtime.hostname, slots)
+        self._member = runtime.member
         self._interval_s = runtime.settings.worker.heartbeat_s
         self._stop = threading.Event()
+        self._warned_soft = False
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="batchfleet-heartbeat", daemon=True).start()
@@ -53,12 +64,41 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._watch_model_time()
             for state in self._states:
                 try:
                     state.heartbeat(self._member, self._interval_s * 3)
                 except Exception as exc:
                     log.warning("heartbeat failed: %s", exc)
-            self._stop.wait(self._interval_s)
+            self._stop.wait(min(self._interval_s, 0.5))
+
+    def _watch_model_time(self) -> None:
+        limits = self._runtime.settings.worker
+        if limits.pool == "prefork":
+            return
+        busy_s = self._runtime.model_busy_s()
+        if busy_s < limits.soft_time_limit_s:
+            self._warned_soft = False
+            return
+        if busy_s < limits.time_limit_s:
+            if not self._warned_soft:
+                log.warning(
+                    "a batch has been in the model for %.1fs (soft limit %.1fs)",
+                    busy_s,
+                    limits.soft_time_limit_s,
+                )
+                self._warned_soft = True
+            return
+        log.critical(
+            "a batch has been in the model for %.1fs, past the hard limit of %.1fs: "
+            "exiting so that its requests are reclaimed and the worker replaced",
+            busy_s,
+            limits.time_limit_s,
+        )
+        for state in self._states:
+            with contextlib.suppress(Exception):
+                state.leave(self._member)
+        os._exit(EXIT_STUCK)
 
 
 def run_worker(
@@ -77,7 +117,7 @@ def run_worker(
         runtime.load_models()
     app = make_celery_app(settings)
     register_tasks(app, runtime)
-    heartbeat = Heartbeat(runtime, slots_of(settings))
+    heartbeat = Heartbeat(runtime)
     worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     worker_shutting_down.connect(lambda **_: heartbeat.stop(), weak=False)
     worker = app.Worker(

@@ -104,3 +104,22 @@ def test_batcher_killed_after_read_before_dispatch_loses_no_request(
         {request_id: result.output for request_id, result in results.items()},
         {request_id: expected_output(value) for request_id, value in zip(ids, inputs, strict=True)},
     )
+
+
+def test_batch_stuck_past_the_hard_limit_ends_its_worker_and_is_answered_by_another(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """With the threads pool, a model call past time_limit_s ends the worker process (Celery
+    enforces no limit there); its request is reclaimed and answered by a fresh worker."""
+    stuck = make_fleet(
+        **{**CHAOS_SETTINGS, "BATCHFLEET_MODELS__SYNTHETIC__OPTIONS__BASE_MS": "60000"}
+    )
+    stuck.start("batcher")
+    worker = stuck.start("worker", "--cpu", "--name", "stuck@test")
+    with producer_for(stuck) as producer:
+        request_id = producer.submit("synthetic", "slow")
+        assert worker.wait(timeout=60) == 70, stuck.logs()
+        assert "past the hard limit" in stuck.logs()
+        healthy = make_fleet(**CHAOS_SETTINGS)
+        healthy.start("worker", "--cpu", "--name", "fresh@test")
+        assert producer.result(request_id, timeout_s=60) == expected_output("slow")
