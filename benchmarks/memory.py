@@ -30,8 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=100_000)
     args = parser.parse_args()
-    config = BenchConfig(mode="saturate")
-    with private_fleet(config.models()) as fleet, Producer(fleet.settings) as producer:
+    models = BenchConfig(mode="saturate").models()
+    for policy in models.values():  # the backlog takes minutes to drain: nothing may expire
+        policy["request_timeout_s"] = 3600
+    with private_fleet(models) as fleet, Producer(fleet.settings) as producer:
         batcher, worker = fleet.processes.processes
         before = {"batcher": rss_mb(batcher.pid), "worker": rss_mb(worker.pid)}
         started = time.monotonic()

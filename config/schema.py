@@ -145,6 +145,8 @@ class Result(BaseModel):
     error: ErrorInfo | None = None
     batch_id: str | None = None
     batch_size: int = 0
+    # Why the batcher sent the batch (size, idle, wait, isolated), or "late" for a request
+    # that joined a waiting batch when its device freed.
     flush_reason: str | None = None
     model_s: float = 0.0
     worker: str | None = None

@@ -37,9 +37,9 @@ RETRY_PAUSE_S = 0.5
 # than this wakes late; such waits are slept here, then the stream is read without blocking.
 PRECISE_BLOCK_S = 0.1
 # While every worker slot is busy, the unread backlog is scanned this often for requests past
-# their deadline, up to BACKLOG_SCAN_COUNT entries at a time.
-BACKLOG_SCAN_S = 0.5
-BACKLOG_SCAN_COUNT = 2000
+# their deadline, BACKLOG_SCAN_COUNT entries at a time, resuming where the last scan stopped.
+BACKLOG_SCAN_S = 0.2
+BACKLOG_SCAN_COUNT = 200
 
 # Forgets consumers (dead batchers, departed workers) that hold nothing and have been idle
 # past the lease; atomic, so a consumer that just took entries is never deleted with them.
@@ -57,6 +57,12 @@ for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
 end
 return removed
 """
+
+
+def stream_id_order(entry_id: str) -> tuple[int, int]:
+    """Sorts stream ids as Redis does: by milliseconds, then sequence."""
+    millis, _, sequence = entry_id.partition("-")
+    return int(millis), int(sequence or 0)
 
 
 def default_batcher_name() -> str:
@@ -91,6 +97,7 @@ class ModelBatcher:
         self._pending: dict[str, Pending] = {}
         self._next_reclaim = 0.0
         self._next_backlog_scan = 0.0
+        self._backlog_cursor = "0-0"
         self.failed = False
 
     def run(self, stop: threading.Event) -> None:
@@ -137,8 +144,8 @@ class ModelBatcher:
             # Unread requests stay in the stream, where a waiting batch takes them when its
             # device frees (late binding); only their deadlines are watched from here.
             if now >= self._next_backlog_scan:
-                self._expire_backlog()
                 self._next_backlog_scan = now + BACKLOG_SCAN_S
+                self._expire_backlog()
             self._state.wait_for_slot(min(wait_s, BACKLOG_SCAN_S))
         elif self._pending and wait_s < PRECISE_BLOCK_S:
             time.sleep(wait_s)
@@ -254,7 +261,10 @@ class ModelBatcher:
             ),
             "0-0",
         )
-        entries: Any = self._client.xrange(self.stream, f"({last_read}", count=BACKLOG_SCAN_COUNT)
+        start = max((last_read, self._backlog_cursor), key=stream_id_order)
+        entries: Any = self._client.xrange(self.stream, f"({start}", count=BACKLOG_SCAN_COUNT)
+        at_end = len(entries) < BACKLOG_SCAN_COUNT
+        self._backlog_cursor = "0-0" if at_end else to_text(entries[-1][0])
         read = read_entries(entries, self.model, self.policy.result_ttl_s)
         now = time.time()
         finals = [

@@ -58,8 +58,11 @@ class BenchConfig:
         }
 
 
-async def _one(producer: AsyncProducer, model: str, value: Any) -> Sample:
-    sent_at = time.monotonic()
+async def _one(
+    producer: AsyncProducer, model: str, value: Any, sent_at: float | None = None
+) -> Sample:
+    """One request, timed from ``sent_at`` (its scheduled time in an open loop) to its answer."""
+    sent_at = time.monotonic() if sent_at is None else sent_at
     request_id = await producer.submit(model, value)
     async for result in producer.results([request_id], timeout_s=RESULT_TIMEOUT_S):
         return Sample(sent_at, time.monotonic(), result)
@@ -88,8 +91,10 @@ async def saturate(producer: AsyncProducer, model: str, count: int, inflight: in
 
 async def open_loop(
     producer: AsyncProducer, model: str, rate: float, duration_s: float, seed: int
-) -> list[Sample]:
-    """Poisson arrivals at ``rate`` per second for ``duration_s``, each request on its own."""
+) -> tuple[list[Sample], int]:
+    """Poisson arrivals at ``rate`` per second for ``duration_s``, each request on its own,
+    timed from its scheduled arrival (a late sender cannot hide queueing); returns the
+    samples and how many requests failed in the client (refused, timed out)."""
     rng = random.Random(seed)
     started = time.monotonic()
     next_at = started
@@ -99,10 +104,12 @@ async def open_loop(
         delay = next_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_one(producer, model, {"n": index})))
+        tasks.append(asyncio.create_task(_one(producer, model, {"n": index}, next_at)))
         index += 1
         next_at += rng.expovariate(rate)
-    return list(await asyncio.gather(*tasks))
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    samples = [outcome for outcome in outcomes if isinstance(outcome, Sample)]
+    return samples, len(outcomes) - len(samples)
 
 
 def label_of(model: str) -> str:
@@ -110,28 +117,28 @@ def label_of(model: str) -> str:
 
 
 async def saturation_run(
-    fleet: PrivateFleet, model: str, count: int, inflight: int = 0
+    fleet: PrivateFleet, model: str, count: int, inflight: int = 0, workers: int = 1
 ) -> RunStats:
     """``count`` requests to ``model``, all at once or ``inflight`` at a time."""
     async with AsyncProducer(fleet.settings) as producer:
         samples = await saturate(producer, model, count, inflight)
     offered = f"{count} " + (f"x{inflight}" if inflight else "at once")
-    return RunStats(label_of(model), offered, count, samples)
+    return RunStats(label_of(model), offered, count, samples, workers)
 
 
 async def rate_run(
-    fleet: PrivateFleet, model: str, rate: float, duration_s: float, seed: int
+    fleet: PrivateFleet, model: str, rate: float, duration_s: float, seed: int, workers: int = 1
 ) -> RunStats:
     """Open-loop Poisson load on ``model`` at ``rate`` per second for ``duration_s``."""
     async with AsyncProducer(fleet.settings) as producer:
-        samples = await open_loop(producer, model, rate, duration_s, seed)
-    return RunStats(label_of(model), f"{rate:g}/s", len(samples), samples)
+        samples, failed = await open_loop(producer, model, rate, duration_s, seed)
+    return RunStats(label_of(model), f"{rate:g}/s", len(samples) + failed, samples, workers, failed)
 
 
 async def _run(fleet: PrivateFleet, config: BenchConfig, model: str, rate: float) -> RunStats:
     if config.mode == "saturate":
-        return await saturation_run(fleet, model, config.requests, config.inflight)
-    return await rate_run(fleet, model, rate, config.duration_s, config.seed)
+        return await saturation_run(fleet, model, config.requests, config.inflight, config.workers)
+    return await rate_run(fleet, model, rate, config.duration_s, config.seed, config.workers)
 
 
 def run_bench(config: BenchConfig) -> int:

@@ -41,6 +41,8 @@ class RunStats:
     offered: str
     sent: int
     samples: Sequence[Sample]
+    workers: int = 1
+    client_errors: int = 0
 
     @property
     def ok(self) -> list[Sample]:
@@ -65,13 +67,25 @@ class RunStats:
             calls[(result.worker or "", result.batch_id or "", result.model_s)] = result
         return calls
 
+    def flush_reasons(self) -> Counter[str]:
+        """Why the batcher sent each model call's batch (said by its requests that did not
+        join it late); a call made only of late joiners counts as ``late``."""
+        reasons: dict[tuple[str, str, float], str] = {}
+        for sample in self.ok:
+            result = sample.result
+            call = (result.worker or "", result.batch_id or "", result.model_s)
+            if result.flush_reason not in (None, "late"):
+                reasons[call] = result.flush_reason
+            else:
+                reasons.setdefault(call, "late")
+        return Counter(reasons.values())
+
     def busy_fraction(self) -> float:
-        """Time inside the model over the run's window, averaged over the workers that ran."""
-        calls = self.batches()
-        workers = {worker for worker, _, _ in calls}
-        if not workers or self.window_s <= 0:
+        """Time inside the model over the run's window, averaged over the fleet's workers."""
+        if self.window_s <= 0:
             return 0.0
-        return sum(result.model_s for result in calls.values()) / (self.window_s * len(workers))
+        busy_s = sum(result.model_s for result in self.batches().values())
+        return busy_s / (self.window_s * self.workers)
 
     def summary(self) -> dict[str, Any]:
         """The figures as a JSON-ready dict (times in milliseconds)."""
@@ -79,9 +93,11 @@ class RunStats:
         overheads = [(sample.latency_s - sample.result.model_s) * 1000 for sample in self.ok]
         calls = self.batches().values()
         sizes = Counter(result.batch_size for result in calls)
-        errors = Counter(
+        errors: Counter[str] = Counter(
             sample.result.error.code for sample in self.samples if sample.result.error is not None
         )
+        if self.client_errors:
+            errors["client"] = self.client_errors
         return {
             "label": self.label,
             "offered": self.offered,
@@ -101,9 +117,19 @@ class RunStats:
             if calls
             else 0.0,
             "batch_size_histogram": dict(sorted(sizes.items())),
-            "flush_reasons": dict(Counter(result.flush_reason or "late" for result in calls)),
+            "flush_reasons": dict(self.flush_reasons()),
+            "late_bound_requests": sum(s.result.flush_reason == "late" for s in self.ok),
             "busy_fraction": round(self.busy_fraction(), 3),
         }
+
+
+def quantiles_ms(values_ms: Sequence[float]) -> dict[str, float | None]:
+    """p50, p95 and p99, rounded; None (JSON null) when there is nothing to measure."""
+    quantiles: dict[str, float | None] = {}
+    for name in ("p50", "p95", "p99"):
+        value = percentile(values_ms, float(name[1:]))
+        quantiles[name] = None if math.isnan(value) else round(value, 1)
+    return quantiles
 
 
 TABLE_HEADER = (
@@ -115,10 +141,11 @@ TABLE_HEADER = (
 def table_line(summary: dict[str, Any]) -> str:
     """One row of the report table (latencies in ms)."""
     latency, overhead = summary["latency_ms"], summary["overhead_ms"]
+    figures = [latency["p50"], latency["p95"], latency["p99"], overhead["p99"]]
     return (
         f"{summary['label']:<14} {summary['offered']:>12} "
         f"{summary['completed']:>5}/{summary['sent']:<5} {sum(summary['errors'].values()):>4} "
-        f"{summary['throughput_rps']:>7.1f} {latency['p50']:>7.1f} {latency['p95']:>7.1f} "
-        f"{latency['p99']:>7.1f} {overhead['p99']:>7.1f} {summary['mean_batch_size']:>5.1f} "
-        f"{summary['busy_fraction'] * 100:>4.0f}%"
+        f"{summary['throughput_rps']:>7.1f} "
+        + " ".join(f"{value:>7.1f}" if value is not None else f"{'-':>7}" for value in figures)
+        + f" {summary['mean_batch_size']:>5.1f} {summary['busy_fraction'] * 100:>4.0f}%"
     )

@@ -120,13 +120,15 @@ class WorkerRuntime:
         with self._device_lock:
             self._busy_since = time.monotonic()
             try:
+                late: list[tuple[str, Request]] = []
                 if flush_reason != "isolated":  # a suspect input runs alone
-                    runnable += self._top_up(model_name, len(runnable), writer, finals)
+                    late = self._top_up(model_name, len(runnable), writer, finals)
+                runnable += late
                 if runnable:
+                    reasons = {entry_id: flush_reason for entry_id, _ in runnable}
+                    reasons.update({entry_id: "late" for entry_id, _ in late})
                     finals.extend(
-                        self._predict(
-                            model_name, batch_id, runnable, policy.result_ttl_s, flush_reason
-                        )
+                        self._predict(model_name, batch_id, runnable, policy.result_ttl_s, reasons)
                     )
             finally:
                 self._busy_since = None
@@ -188,7 +190,7 @@ class WorkerRuntime:
         batch_id: str,
         runnable: list[tuple[str, Request]],
         ttl_s: float,
-        flush_reason: str | None,
+        reasons: dict[str, str | None],
     ) -> list[Final]:
         """Runs the batch; when it fails, splits it until the failing inputs are found, so
         only they get ``model_error`` and the rest of the batch still succeeds."""
@@ -209,7 +211,7 @@ class WorkerRuntime:
                     output=output,
                     batch_id=batch_id,
                     batch_size=len(run.items),
-                    flush_reason=flush_reason,
+                    flush_reason=reasons[entry_id],
                     model_s=run.model_s,
                     worker=self.hostname,
                     submitted_at=request.submitted_at,
