@@ -117,21 +117,23 @@ class WorkerRuntime:
         finals = list(read.invalid)
         done = writer.existing([request.request_id for _, _, request in read.requests])
         runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
-        with self._device_lock:
+        late: list[tuple[str, Request]] = []
+        runs: list[ModelRun] = []
+        model = self.model(model_name)
+        with self._device_lock:  # held for the model only: answers are built after it frees
             self._busy_since = time.monotonic()
             try:
-                late: list[tuple[str, Request]] = []
                 if flush_reason != "isolated":  # a suspect input runs alone
                     late = self._top_up(model_name, len(runnable), writer, finals)
                 runnable += late
                 if runnable:
-                    reasons = {entry_id: flush_reason for entry_id, _ in runnable}
-                    reasons.update({entry_id: "late" for entry_id, _ in late})
-                    finals.extend(
-                        self._predict(model_name, batch_id, runnable, policy.result_ttl_s, reasons)
-                    )
+                    runs = isolate_failures(model, runnable, self._device_lock)
             finally:
                 self._busy_since = None
+        time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
+        reasons = {entry_id: flush_reason for entry_id, _ in runnable}
+        reasons.update({entry_id: "late" for entry_id, _ in late})
+        finals.extend(self._answers(model_name, batch_id, runs, policy.result_ttl_s, reasons))
         writer.finalize(finals)
         writer.drop(read.dropped)
         return len(runnable)
@@ -184,19 +186,18 @@ class WorkerRuntime:
             read.requests, [False] * len(read.requests), policy.result_ttl_s, finals
         )
 
-    def _predict(
+    def _answers(
         self,
         model_name: str,
         batch_id: str,
-        runnable: list[tuple[str, Request]],
+        runs: list[ModelRun],
         ttl_s: float,
         reasons: dict[str, str | None],
     ) -> list[Final]:
-        """Runs the batch; when it fails, splits it until the failing inputs are found, so
-        only they get ``model_error`` and the rest of the batch still succeeds."""
-        model = self.model(model_name)
+        """One final answer per request of the model runs: its output, or ``model_error`` for
+        the inputs that failed alone and the outputs that cannot travel as JSON."""
         finals = []
-        for run in isolate_failures(model, runnable, self._device_lock):
+        for run in runs:
             for (entry_id, request), output in zip(run.items, run.outputs, strict=True):
                 error = run.error or _unencodable(output)
                 if error is not None:

@@ -31,6 +31,7 @@ def worker_hostname(gpu: int | None) -> str:
 
 
 EXIT_STUCK = 70
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class Heartbeat:
@@ -106,6 +107,9 @@ def run_worker(
 ) -> int:
     """Runs one Celery worker process serving ``models``; returns its exit code."""
     device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
+    # The next batch's thread must take the device the moment it frees, not when the
+    # finishing thread's 5 ms GIL slice ends.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     hostname = name or worker_hostname(gpu)
     if gpu is None:
         log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
