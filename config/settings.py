@@ -35,6 +35,9 @@ class ModelPolicy(BaseModel):
     backend: str = "synthetic"
     max_batch_size: int = Field(32, ge=1, le=4096)
     max_wait_s: float = Field(0.015, ge=0)
+    # A batch waiting for its device tops itself up with newer requests when the device frees.
+    # Off, batches close in the batcher: at max_batch_size, or when the oldest waited max_wait_s.
+    late_binding: bool = True
     max_queue_len: int = Field(100_000, ge=1)
     max_input_bytes: int = Field(MIB, ge=1)
     request_timeout_s: float = Field(60.0, gt=0)

@@ -8,13 +8,15 @@ device is busy requests gather into fuller batches. Rules, in order:
    A request taken back from a process that died holding it rides alone (``isolated``),
    so that an input that kills its process cannot take innocent requests down with it.
 3. With a free slot, a batch of the oldest requests leaves when ``max_batch_size`` wait
-   (``size``); when some worker has no batch at all (``idle``: holding would only idle its
-   device); or when the oldest has waited ``max_wait_s`` (``wait``) — the window only bounds
-   holding while every device is busy, when holding can still pay off.
-4. Otherwise the plan says how long until rule 1 or 3 can next fire.
-
-A batch sent while its worker is busy waits in the worker, which tops it up with newer
-requests when its device frees (late binding), so an early send costs no batch size.
+   (``size``), or when some worker has no batch at all (``idle``: holding would only idle
+   its device).
+4. With late binding (the default) any free slot takes what is queued now (``slot``): the
+   batch waits in the worker and tops itself up with newer requests when its device frees,
+   so an early send costs no batch size, while holding it here would cost the dispatch
+   time on the device's critical path (measured: benchmarks/README.md). Without late
+   binding, a partial batch is held while every device is busy until the oldest request
+   has waited ``max_wait_s`` (``wait``).
+5. Otherwise the plan says how long until rule 1 or 4 can next fire.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Literal
 from config.schema import Request
 from config.settings import ModelPolicy
 
-FlushReason = Literal["size", "idle", "wait", "isolated"]
+FlushReason = Literal["size", "idle", "slot", "wait", "isolated"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def plan_batch(
             return Plan(expired, tuple(live[: policy.max_batch_size]), "size")
         if idle_workers > 0:
             return Plan(expired, tuple(live), "idle")
+        if policy.late_binding:
+            return Plan(expired, tuple(live), "slot")
         if oldest_wait_s >= policy.max_wait_s:
             return Plan(expired, tuple(live), "wait")
     until_deadline_s = min(item.deadline_at for item in live) - now

@@ -123,7 +123,7 @@ class WorkerRuntime:
         with self._device_lock:  # held for the model only: answers are built after it frees
             self._busy_since = time.monotonic()
             try:
-                if flush_reason != "isolated":  # a suspect input runs alone
+                if policy.late_binding and flush_reason != "isolated":  # suspects run alone
                     late = self._top_up(model_name, len(runnable), writer, finals)
                 runnable += late
                 if runnable:

@@ -6,7 +6,8 @@ from config.schema import Request
 from config.settings import ModelPolicy
 from workers.policy import Pending, plan_batch
 
-POLICY = ModelPolicy(max_batch_size=4, max_wait_s=0.015)
+POLICY = ModelPolicy(max_batch_size=4, max_wait_s=0.015, late_binding=False)
+LATE_BINDING = ModelPolicy(max_batch_size=4, max_wait_s=0.015)
 
 
 def pending(index: int, arrived_at: float, deadline_at: float = 100.0) -> Pending:
@@ -88,8 +89,16 @@ def test_an_idle_worker_gets_what_is_queued_at_once() -> None:
     assert len(plan.batch) == 1
 
 
-def test_while_every_device_is_busy_a_free_slot_waits_for_the_window() -> None:
-    """A free slot behind a busy device holds a partial batch up to max_wait_s, then sends it."""
+def test_with_late_binding_a_free_slot_takes_what_is_queued_now() -> None:
+    """Late binding: a free slot behind a busy device gets the partial batch at once, since the
+    batch tops itself up in the worker when the device frees."""
+    plan = plan_batch([pending(1, arrived_at=10.0)], LATE_BINDING, now=10.0, free_slots=1)
+    assert plan.flush_reason == "slot" and len(plan.batch) == 1
+
+
+def test_without_late_binding_a_free_slot_waits_for_the_window() -> None:
+    """Without late binding, a free slot behind a busy device holds a partial batch up to
+    max_wait_s, then sends it."""
     items = [pending(1, arrived_at=10.0)]
     assert plan_batch(items, POLICY, now=10.001, free_slots=1, idle_workers=0).batch == ()
     assert plan_batch(items, POLICY, now=10.016, free_slots=1, idle_workers=0).flush_reason == (
