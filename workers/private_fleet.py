@@ -83,7 +83,7 @@ def forget_keys(url: str, prefix: str) -> None:
     """Deletes a run's keys (requests, results, Celery queues) from Redis."""
     client = redis.Redis.from_url(url)
     try:
-        for pattern in (f"{prefix}:*", f"{prefix}.*"):
+        for pattern in (f"{prefix}:*", f"{prefix}.*", f"_kombu.binding.{prefix}.*"):
             for key in client.scan_iter(match=pattern, count=1000):
                 client.delete(key)
     finally:
