@@ -26,6 +26,7 @@ from producer.admission import (
 )
 from producer.client import LISTEN_BLOCK_S
 from producer.redis_errors import broker_errors
+from producer.waiters import Waiters
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +54,20 @@ class AsyncInboxListener:
     def __init__(self, client: aioredis.Redis, inbox: str) -> None:
         self._client = client
         self._inbox = inbox
-        self._waiting: dict[str, list[asyncio.Future[Result]]] = {}
+        self._waiters: Waiters[asyncio.Future[Result]] = Waiters()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     def expect(self, request_id: str) -> asyncio.Future[Result]:
         """A future that the listener resolves when ``request_id``'s result arrives."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(request_id, []).append(future)
+        self._waiters.add(request_id, future)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="batchfleet-inbox")
         return future
 
     def forget(self, request_id: str, future: asyncio.Future[Result]) -> None:
-        futures = self._waiting.get(request_id, [])
-        if future in futures:
-            futures.remove(future)
-        if not futures:
-            self._waiting.pop(request_id, None)
+        self._waiters.remove(request_id, future)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -85,7 +82,7 @@ class AsyncInboxListener:
             try:
                 item = await self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
             except redis.RedisError as exc:
-                self._fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
+                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
                 await asyncio.sleep(0.5)
                 continue
             if item is None:
@@ -94,17 +91,7 @@ class AsyncInboxListener:
                 rest = await self._client.lpop(self._inbox, INBOX_DRAIN) or []
             except redis.RedisError:
                 rest = []
-            for result in read_inbox([item[1], *rest]):
-                for future in self._waiting.pop(result.request_id, []):
-                    if not future.done():
-                        future.set_result(result)
-
-    def _fail_all(self, error: Exception) -> None:
-        waiting, self._waiting = self._waiting, {}
-        for futures in waiting.values():
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
+            self._waiters.deliver(read_inbox([item[1], *rest]))
 
 
 class AsyncProducer:

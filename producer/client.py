@@ -25,6 +25,7 @@ from producer.admission import (
     read_inbox,
 )
 from producer.redis_errors import broker_errors
+from producer.waiters import Waiters
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +49,16 @@ class InboxListener:
     def __init__(self, client: redis.Redis, inbox: str) -> None:
         self._client = client
         self._inbox = inbox
-        self._waiting: dict[str, list[Future[Result]]] = {}
-        self._lock = threading.Lock()
+        self._waiters: Waiters[Future[Result]] = Waiters()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
 
     def expect(self, request_id: str) -> Future[Result]:
         """A future that the listener resolves when ``request_id``'s result arrives."""
         future: Future[Result] = Future()
-        with self._lock:
-            self._waiting.setdefault(request_id, []).append(future)
+        self._waiters.add(request_id, future)
+        with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="batchfleet-inbox", daemon=True
@@ -66,13 +67,7 @@ class InboxListener:
         return future
 
     def forget(self, request_id: str, future: Future[Result]) -> None:
-        """Stops waiting with ``future``; results that arrive later are dropped."""
-        with self._lock:
-            futures = self._waiting.get(request_id, [])
-            if future in futures:
-                futures.remove(future)
-            if not futures:
-                self._waiting.pop(request_id, None)
+        self._waiters.remove(request_id, future)
 
     def close(self) -> None:
         self._closed.set()
@@ -88,7 +83,7 @@ class InboxListener:
             try:
                 item = self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
             except redis.RedisError as exc:
-                self._fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
+                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
                 self._closed.wait(0.5)
                 continue
             if item is None:
@@ -97,20 +92,7 @@ class InboxListener:
                 rest = self._client.lpop(self._inbox, INBOX_DRAIN) or []
             except redis.RedisError:
                 rest = []
-            for result in read_inbox([item[1], *rest]):
-                with self._lock:
-                    futures = self._waiting.pop(result.request_id, [])
-                for future in futures:
-                    if not future.done():
-                        future.set_result(result)
-
-    def _fail_all(self, error: Exception) -> None:
-        with self._lock:
-            waiting, self._waiting = self._waiting, {}
-        for futures in waiting.values():
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
+            self._waiters.deliver(read_inbox([item[1], *rest]))
 
 
 class Producer:

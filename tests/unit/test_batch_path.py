@@ -82,6 +82,11 @@ def batcher(
     return batcher
 
 
+@pytest.fixture
+def runtime(settings: Settings, fake_redis: fakeredis.FakeRedis) -> WorkerRuntime:
+    return WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+
+
 def add_worker(client: fakeredis.FakeRedis, slots: int = 1) -> None:
     FleetState(client, KEYS, "synthetic").heartbeat(worker_member("w1", slots), 30)
 
@@ -186,14 +191,13 @@ def run_one_batch(
 
 
 def test_batch_task_writes_each_result_and_clears_the_ledger(
-    settings: Settings,
+    runtime: WorkerRuntime,
     fake_redis: fakeredis.FakeRedis,
     producer: Producer,
     batcher: ModelBatcher,
     celery: RecordingCelery,
 ) -> None:
     """Every request gets its own output; the stream entries are acked and deleted."""
-    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
     inputs = [{"n": 1}, "two", [3], None]
     ids = producer.submit_many("synthetic", inputs)
     run_one_batch(runtime, fake_redis, batcher, celery)
@@ -209,20 +213,42 @@ def test_batch_task_writes_each_result_and_clears_the_ledger(
 
 
 def test_redelivered_batch_keeps_the_first_answer(
-    settings: Settings,
+    runtime: WorkerRuntime,
     fake_redis: fakeredis.FakeRedis,
     producer: Producer,
     batcher: ModelBatcher,
     celery: RecordingCelery,
 ) -> None:
     """Running the same batch twice does not write a second, different answer."""
-    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
     ids = producer.submit_many("synthetic", [1, 2, 3, 4])
     run_one_batch(runtime, fake_redis, batcher, celery)
     first = {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids}
     summary = runtime.run_batch(*celery.sent[-1]["args"])
     assert summary["ran"] == 0
     assert {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids} == first
+
+
+def answers_of_backend(
+    client: fakeredis.FakeRedis, backend: str, inputs: Sequence[Any]
+) -> list[Result]:
+    """Runs ``inputs`` as one batch through a fleet serving ``backend``; their answers."""
+    settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
+    listen = fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
+    celery = RecordingCelery()
+    batcher = ModelBatcher(
+        settings,
+        "synthetic",
+        client=client,
+        celery=celery,
+        consumer="b1",  # type: ignore[arg-type]
+    )
+    batcher._ensure_group()
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=client)
+    with Producer(settings, client=client, listen_client=listen) as producer:
+        ids = producer.submit_many("synthetic", inputs)
+        run_one_batch(runtime, client, batcher, celery)
+    assert client.xlen(STREAM) == 0
+    return [stored_result(client, request_id) for request_id in ids]
 
 
 @pytest.mark.parametrize(
@@ -239,55 +265,18 @@ def test_model_failing_on_every_input_answers_each_with_model_error(
 ) -> None:
     """A model that raises or miscounts its outputs even on single inputs ends each request
     with model_error, carrying the reason."""
-    settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
-    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
-    celery = RecordingCelery()
-    batcher = ModelBatcher(
-        settings,
-        "synthetic",
-        client=fake_redis,
-        celery=celery,  # type: ignore[arg-type]
-        consumer="b1",
-    )
-    batcher._ensure_group()
-    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
-    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
-        ids = producer.submit_many("synthetic", [1, 2, 3, 4])
-        run_one_batch(runtime, fake_redis, batcher, celery)
-        for request_id in ids:
-            error = stored_result(fake_redis, request_id).error
-            assert error is not None and error.code == "model_error"
-            assert message in error.message
-    assert fake_redis.xlen(STREAM) == 0
+    for result in answers_of_backend(fake_redis, backend, [1, 2, 3, 4]):
+        assert result.error is not None and result.error.code == "model_error"
+        assert message in result.error.message
 
 
 def test_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(
     fake_redis: fakeredis.FakeRedis,
 ) -> None:
     """One input that breaks the model gets model_error; its batch-mates get their outputs."""
-    settings = Settings(
-        models={
-            "synthetic": ModelPolicy(
-                backend="tests.unit.test_batch_path:PoisonModel", max_batch_size=4
-            )
-        }
+    results = answers_of_backend(
+        fake_redis, "tests.unit.test_batch_path:PoisonModel", ["a", "poison", "c", "d"]
     )
-    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
-    celery = RecordingCelery()
-    batcher = ModelBatcher(
-        settings,
-        "synthetic",
-        client=fake_redis,
-        celery=celery,  # type: ignore[arg-type]
-        consumer="b1",
-    )
-    batcher._ensure_group()
-    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
-    inputs = ["a", "poison", "c", "d"]
-    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
-        ids = producer.submit_many("synthetic", inputs)
-        run_one_batch(runtime, fake_redis, batcher, celery)
-        results = [stored_result(fake_redis, request_id) for request_id in ids]
     assert [result.output for result in results] == [{"ok": "a"}, None, {"ok": "c"}, {"ok": "d"}]
     poisoned = results[1].error
     assert poisoned is not None and poisoned.code == "model_error"
@@ -296,7 +285,7 @@ def test_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(
 
 
 def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
-    settings: Settings,
+    runtime: WorkerRuntime,
     fake_redis: fakeredis.FakeRedis,
     producer: Producer,
     batcher: ModelBatcher,
@@ -304,7 +293,6 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
 ) -> None:
     """Late binding: requests that arrived after a batch was formed ride in it, up to
     max_batch_size; the rest stay queued for the next batch."""
-    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
     add_worker(fake_redis)
     first = producer.submit("synthetic", "first")
     batcher.step()
