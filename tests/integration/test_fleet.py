@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 
 from producer.async_client import AsyncProducer
@@ -94,3 +95,15 @@ def test_two_workers_share_the_load(make_fleet: Callable[..., LocalFleet]) -> No
         results = list(producer.results(ids, timeout_s=120))
     assert len(results) == 1000 and all(result.ok for result in results)
     assert {result.worker for result in results} == {"one@test", "two@test"}
+
+
+def test_worker_pinned_to_a_gpu_is_named_after_it(make_fleet: Callable[..., LocalFleet]) -> None:
+    """`batchfleet worker --gpu 0` runs as node gpu0@host and serves batches (on a machine
+    without GPUs the synthetic model does not touch the device)."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker", "--gpu", "0")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        (result,) = producer.results([producer.submit("synthetic", "x")], timeout_s=30)
+    assert result.worker == f"gpu0@{socket.gethostname()}"
