@@ -38,6 +38,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CONSUMER_GROUP = "batchers"
+DEVICE_CONSUMER_SUFFIX = ":device"
+
+
+def worker_consumer(hostname: str) -> str:
+    """The stream consumer that holds a worker's batches from the moment their task starts."""
+    return f"worker:{hostname}"
+
+
+def device_consumer(hostname: str) -> str:
+    """The stream consumer that holds what a worker has on its device right now."""
+    return f"worker:{hostname}{DEVICE_CONSUMER_SUFFIX}"
+
+
+def held_on_device(consumer: str) -> bool:
+    """Whether ``consumer`` is a worker's device: its requests were in the model call."""
+    return consumer.endswith(DEVICE_CONSUMER_SUFFIX)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class BatcherSettings(BaseModel):
     batches_per_worker_slot: int = Field(1, ge=1)
     # A request whose process died this many times (a segfault, OOM, CUDA abort on that
     # input) is answered model_error instead of being sent again.
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(3, ge=2)
 
 
 class WorkerSettings(BaseModel):
@@ -64,8 +64,8 @@ class WorkerSettings(BaseModel):
 
     pool: Literal["threads", "solo", "prefork"] = "threads"
     concurrency: int = Field(2, ge=1)
-    soft_time_limit_s: float = Field(20.0, gt=0)
-    time_limit_s: float = Field(30.0, gt=0)
+    soft_time_limit_s: float = Field(10.0, gt=0)
+    time_limit_s: float = Field(15.0, gt=0)
     visibility_timeout_s: float = Field(40.0, gt=0)
     heartbeat_s: float = Field(1.0, gt=0)
 
@@ -92,7 +92,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_time_limits(self) -> Settings:
-        """Soft < hard time limit < Celery visibility timeout < stream reclaim lease."""
+        """Soft < hard time limit < Celery visibility timeout < stream reclaim lease, and a
+        batch that waits for every other slot still finishes within the visibility timeout."""
         limits = [
             ("worker.soft_time_limit_s", self.worker.soft_time_limit_s),
             ("worker.time_limit_s", self.worker.time_limit_s),
@@ -102,6 +103,13 @@ class Settings(BaseSettings):
         for (low_name, low), (high_name, high) in itertools.pairwise(limits):
             if not low < high:
                 raise ValueError(f"{low_name} ({low}) must be below {high_name} ({high})")
+        # A reserved batch may wait for the other slots' batches before its own run.
+        slots = 1 if self.worker.pool == "solo" else self.worker.concurrency
+        if not slots * self.worker.time_limit_s < self.worker.visibility_timeout_s:
+            raise ValueError(
+                f"{slots} slots x worker.time_limit_s ({self.worker.time_limit_s}) must be below "
+                f"worker.visibility_timeout_s ({self.worker.visibility_timeout_s})"
+            )
         if not self.models:
             raise ValueError("models: at least one model must be configured")
         for name in self.models:

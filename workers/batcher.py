@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from config.keys import CONSUMER_GROUP, Keys
+from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.settings import Settings
 from producer.client import connect
 from workers.capacity import FleetState
@@ -40,6 +40,8 @@ PRECISE_BLOCK_S = 0.1
 # their deadline, BACKLOG_SCAN_COUNT entries at a time, resuming where the last scan stopped.
 BACKLOG_SCAN_S = 0.2
 BACKLOG_SCAN_COUNT = 200
+RECLAIM_PAGE = 100
+RECLAIM_PAGES = 100
 
 # Forgets consumers (dead batchers, departed workers) that hold nothing and have been idle
 # past the lease; atomic, so a consumer that just took entries is never deleted with them.
@@ -111,7 +113,7 @@ class ModelBatcher:
             try:
                 if not started:
                     self._ensure_group()
-                    self._take_back(self._read(history=True))
+                    self._take(self._read(history=True))
                     started = True
                 self.step()
             except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
@@ -183,39 +185,51 @@ class ModelBatcher:
             self._client.xclaim(
                 self.stream, CONSUMER_GROUP, self.consumer, 0, list(self._pending), justid=True
             )
-        cursor = "0-0"
-        for _ in range(100):
-            reply = self._client.xautoclaim(
+        lease_ms = int(self._lease_s * 1000)
+        for _ in range(RECLAIM_PAGES):
+            idle: Any = self._client.xpending_range(
+                self.stream, CONSUMER_GROUP, "-", "+", RECLAIM_PAGE, idle=lease_ms
+            )
+            stale = [row for row in idle if to_text(row["message_id"]) not in self._pending]
+            if not stale:
+                break
+            # XCLAIM re-checks the idle time atomically: an entry its holder just touched stays.
+            claimed: Any = self._client.xclaim(
                 self.stream,
                 CONSUMER_GROUP,
                 self.consumer,
-                int(self._lease_s * 1000),
-                start_id=cursor,
-                count=100,
+                lease_ms,
+                [row["message_id"] for row in stale],
             )
-            cursor, claimed = to_text(reply[0]), reply[1]
-            if claimed:
-                log.info(
-                    "model %s: reclaimed %d requests past their lease", self.model, len(claimed)
-                )
-            self._take_back(claimed)
-            if cursor == "0-0":
+            died_on_device = {
+                to_text(row["message_id"])
+                for row in stale
+                if held_on_device(to_text(row["consumer"]))
+            }
+            log.info(
+                "model %s: reclaimed %d requests past their lease (%d were on a device)",
+                self.model,
+                len(claimed),
+                len(died_on_device),
+            )
+            self._take_back(claimed, died_on_device)
+            if len(idle) < RECLAIM_PAGE:
                 break
         self._prune_consumers(
             keys=[self.stream], args=[CONSUMER_GROUP, int(self._lease_s * 2000), self.consumer]
         )
 
-    def _take_back(self, entries: Sequence[StreamEntry]) -> None:
-        """Holds entries taken from a process that died holding them, counting the attempt;
-        those that reached ``max_attempts`` are answered ``model_error`` instead."""
-        ids = [to_text(entry_id) for entry_id, _ in entries if entry_id is not None]
-        ids = [entry_id for entry_id in ids if entry_id not in self._pending]
-        if not ids:
-            return
-        pipe = self._client.pipeline(transaction=False)
-        for entry_id in ids:
-            pipe.hincrby(self.keys.attempts(self.model), entry_id, 1)
-        attempts = dict(zip(ids, pipe.execute(), strict=True))
+    def _take_back(self, entries: Sequence[StreamEntry], died_on_device: set[str]) -> None:
+        """Holds reclaimed entries. Those a worker held on its device when it stopped count an
+        attempt (only they can have killed it); at ``max_attempts`` they are answered
+        ``model_error`` instead of being run again."""
+        ids = [entry_id for entry_id in died_on_device if entry_id not in self._pending]
+        attempts: dict[str, int] = {}
+        if ids:
+            pipe = self._client.pipeline(transaction=False)
+            for entry_id in ids:
+                pipe.hincrby(self.keys.attempts(self.model), entry_id, 1)
+            attempts = dict(zip(ids, pipe.execute(), strict=True))
         self._take(entries, attempts)
 
     def _take(self, entries: Sequence[StreamEntry], attempts: dict[str, int] | None = None) -> None:

@@ -20,8 +20,9 @@ local now = redis.call('TIME')
 return redis.call('ZADD', KEYS[1], now[1] + now[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
 """
 
-# Prunes workers whose heartbeat expired, batches whose worker is gone, and batches older
-# than the lease (published but never started), then counts what is left.
+# Prunes workers whose heartbeat expired, batches whose worker is gone, batches older than
+# the lease (published but never started) and owners of batches no longer counted, then
+# counts what is left.
 # KEYS: workers zset, inflight zset, inflight owners hash; ARGV: lease seconds
 CAPACITY_SCRIPT = """
 local t = redis.call('TIME')
@@ -37,6 +38,9 @@ end
 for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))) do
   redis.call('ZREM', KEYS[2], batch)
   redis.call('HDEL', KEYS[3], batch)
+end
+for _, batch in ipairs(redis.call('HKEYS', KEYS[3])) do
+  if not redis.call('ZSCORE', KEYS[2], batch) then redis.call('HDEL', KEYS[3], batch) end
 end
 return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('ZCARD', KEYS[2])}
 """

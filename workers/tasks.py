@@ -5,22 +5,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from config.errors import InvalidInput
-from config.keys import CONSUMER_GROUP, Keys
+from config.keys import CONSUMER_GROUP, Keys, device_consumer, worker_consumer
 from config.schema import STREAM_FIELD, Request, Result, canonical_json
 from config.settings import Settings
 from producer.client import connect
 from workers.capacity import FleetState, slots_of, worker_member
 from workers.celery_app import RUN_BATCH_TASK
-from workers.entries import read_entries
+from workers.entries import StreamEntry, read_entries
 from workers.models.base import Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final
@@ -50,7 +50,8 @@ class WorkerRuntime:
         # One device per process: batch slots overlap decoding and result writing, never
         # model work, so the next batch is ready the moment the device frees.
         self._device_lock = threading.RLock()
-        self.consumer = f"worker:{hostname}"
+        self.consumer = worker_consumer(hostname)
+        self.device_consumer = device_consumer(hostname)
         self.member = worker_member(hostname, slots_of(settings))
         self._busy_since: float | None = None
 
@@ -80,16 +81,20 @@ class WorkerRuntime:
         batch_id: str,
         entries: Sequence[Sequence[str]],
         flush_reason: str | None = None,
+        redelivered: bool = False,
     ) -> dict[str, Any]:
         """Runs one batch and writes one final answer per request; returns a summary.
 
         When the device frees, a batch below ``max_batch_size`` first tops itself up with
-        requests that reached the stream since the batcher formed it (late binding).
+        requests that reached the stream since the batcher formed it (late binding). A batch
+        of suspects (``isolated``) or one Celery delivers again (its worker may have died on
+        one of its inputs) runs one request per model call instead.
         """
         state = FleetState(self.client, self.keys, model_name)
+        singles = redelivered or flush_reason == "isolated"
         try:
             state.batch_started(batch_id, self.member)
-            ran = self._run_batch(model_name, batch_id, entries, flush_reason)
+            ran = self._run_batch(model_name, batch_id, entries, flush_reason, singles)
         finally:
             # The slot comes back whatever happened; requests left unanswered by a failure
             # stay pending in the stream and are reclaimed after the lease.
@@ -102,6 +107,7 @@ class WorkerRuntime:
         batch_id: str,
         entries: Sequence[Sequence[str]],
         flush_reason: str | None,
+        singles: bool,
     ) -> int:
         policy = self.settings.policy(model_name)
         writer = ResultWriter(self.client, self.keys, model_name)
@@ -117,19 +123,25 @@ class WorkerRuntime:
         finals = list(read.invalid)
         done = writer.existing([request.request_id for _, _, request in read.requests])
         runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
+        model = self.model(model_name)
         late: list[tuple[str, Request]] = []
         runs: list[ModelRun] = []
-        model = self.model(model_name)
-        with self._device_lock:  # held for the model only: answers are built after it frees
-            self._busy_since = time.monotonic()
-            try:
-                if policy.late_binding and flush_reason != "isolated":  # suspects run alone
-                    late = self._top_up(model_name, len(runnable), writer, finals)
+        if singles:
+            # Suspects and redelivered batches run one request per model call, so that an
+            # input that kills the process is the only one on the device when it does.
+            for item in runnable:
+                with self._device_lock:
+                    self._claim_for_device(stream, [item])
+                    runs += isolate_failures(self._timed(model), [item])
+        elif runnable or policy.late_binding:
+            with self._device_lock:  # held for the model only: answers are built after it frees
+                arrived = self._claim_for_device(
+                    stream, runnable, policy.max_batch_size if policy.late_binding else 0
+                )
+                late = self._sort_late(arrived, model_name, writer, finals)
                 runnable += late
                 if runnable:
-                    runs = isolate_failures(model, runnable, self._device_lock)
-            finally:
-                self._busy_since = None
+                    runs = isolate_failures(self._timed(model), runnable)
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         reasons = {entry_id: flush_reason for entry_id, _ in runnable}
         reasons.update({entry_id: "late" for entry_id, _ in late})
@@ -165,26 +177,58 @@ class WorkerRuntime:
                 runnable.append((entry_id, request))
         return runnable
 
-    def _top_up(
-        self, model_name: str, size: int, writer: ResultWriter, finals: list[Final]
-    ) -> list[tuple[str, Request]]:
-        """Takes up to ``max_batch_size - size`` requests no batcher has read yet."""
-        policy = self.settings.policy(model_name)
-        room = policy.max_batch_size - size
-        if room <= 0:
+    def _claim_for_device(
+        self, stream: str, items: Sequence[tuple[str, Request]], fill_to: int = 0
+    ) -> list[StreamEntry]:
+        """Moves ``items`` to this worker's device consumer (restarting their lease), and with
+        ``fill_to`` takes requests no batcher has read yet, up to that batch size (late
+        binding), in one round trip. A process that dies now is found holding exactly what
+        was on its device: only those requests count an attempt when they are reclaimed."""
+        pipe = self.client.pipeline(transaction=False)
+        if items:
+            pipe.xclaim(
+                stream,
+                CONSUMER_GROUP,
+                self.device_consumer,
+                0,
+                [entry_id for entry_id, _ in items],
+                justid=True,
+            )
+        room = fill_to - len(items)
+        if room > 0:
+            pipe.xreadgroup(CONSUMER_GROUP, self.device_consumer, {stream: ">"}, count=room)
+        replies: list[Any] = pipe.execute()
+        if room <= 0 or not replies[-1]:
             return []
-        reply: Any = self.client.xreadgroup(
-            CONSUMER_GROUP, self.consumer, {self.keys.requests(model_name): ">"}, count=room
-        )
-        entries = [entry for _, stream_entries in reply or [] for entry in stream_entries]
+        return [entry for _, stream_entries in replies[-1] for entry in stream_entries]
+
+    def _sort_late(
+        self,
+        entries: Sequence[StreamEntry],
+        model_name: str,
+        writer: ResultWriter,
+        finals: list[Final],
+    ) -> list[tuple[str, Request]]:
+        """The late joiners to run; malformed or expired ones are answered in ``finals``."""
         if not entries:
             return []
-        read = read_entries(entries, model_name, policy.result_ttl_s)
+        ttl_s = self.settings.policy(model_name).result_ttl_s
+        read = read_entries(entries, model_name, ttl_s)
         finals.extend(read.invalid)
         writer.drop(read.dropped)
-        return self._sort_out(
-            read.requests, [False] * len(read.requests), policy.result_ttl_s, finals
-        )
+        return self._sort_out(read.requests, [False] * len(read.requests), ttl_s, finals)
+
+    def _timed(self, model: Model) -> Callable[[list[Any]], Sequence[Any]]:
+        """``model.predict``, with the watchdog told how long each call has been running."""
+
+        def predict(inputs: list[Any]) -> Sequence[Any]:
+            self._busy_since = time.monotonic()
+            try:
+                return model.predict(inputs)
+            finally:
+                self._busy_since = None
+
+        return predict
 
     def _answers(
         self,
@@ -234,15 +278,14 @@ class ModelRun:
 
 
 def isolate_failures(
-    model: Model, items: list[tuple[str, Request]], device_lock: threading.RLock
+    predict: Callable[[list[Any]], Sequence[Any]], items: list[tuple[str, Request]]
 ) -> list[ModelRun]:
-    """Runs ``items`` through ``model`` under ``device_lock``; a failing group is halved and
-    retried until each failure is pinned on single inputs. A soft time limit is not retried:
-    it fails the group."""
+    """Runs ``items`` through ``predict`` (the caller holds the device); a failing group is
+    halved and retried until each failure is pinned on single inputs. A soft time limit is
+    not retried: it fails the group."""
+    started = time.monotonic()
     try:
-        with device_lock:
-            started = time.monotonic()
-            outputs = list(model.predict([request.input for _, request in items]))
+        outputs = list(predict([request.input for _, request in items]))
         if len(outputs) != len(items):
             raise ValueError(f"model returned {len(outputs)} outputs for {len(items)} inputs")
     except Exception as exc:
@@ -254,9 +297,7 @@ def isolate_failures(
                 )
             ]
         middle = len(items) // 2
-        return isolate_failures(model, items[:middle], device_lock) + isolate_failures(
-            model, items[middle:], device_lock
-        )
+        return isolate_failures(predict, items[:middle]) + isolate_failures(predict, items[middle:])
     return [ModelRun(items, outputs, None, time.monotonic() - started, time.time())]
 
 
@@ -277,8 +318,15 @@ def _placeholder(request: Request) -> Result:
 def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
     """Registers the batch task on ``app``, bound to this process's runtime."""
 
-    @app.task(name=RUN_BATCH_TASK, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+    @app.task(  # type: ignore[untyped-decorator]
+        name=RUN_BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True
+    )
     def run_batch(
-        model: str, batch_id: str, entries: list[list[str]], flush_reason: str | None = None
+        task: Task,
+        model: str,
+        batch_id: str,
+        entries: list[list[str]],
+        flush_reason: str | None = None,
     ) -> dict[str, Any]:
-        return runtime.run_batch(model, batch_id, entries, flush_reason)
+        redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+        return runtime.run_batch(model, batch_id, entries, flush_reason, redelivered)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 
@@ -32,6 +33,7 @@ def worker_hostname(gpu: int | None) -> str:
 
 EXIT_STUCK = 70
 GIL_SWITCH_INTERVAL_S = 0.0005
+WATCH_INTERVAL_S = 0.5
 
 
 class Heartbeat:
@@ -49,14 +51,16 @@ class Heartbeat:
         ]
         self._member = runtime.member
         self._interval_s = runtime.settings.worker.heartbeat_s
-        self._stop = threading.Event()
+        self._leaving = threading.Event()
         self._warned_soft = False
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="batchfleet-heartbeat", daemon=True).start()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def leave(self) -> None:
+        """Stops the heartbeat (the watchdog keeps watching until the process ends, so that a
+        hung model call cannot block a graceful shutdown forever)."""
+        self._leaving.set()
         for state in self._states:
             try:
                 state.leave(self._member)
@@ -64,14 +68,15 @@ class Heartbeat:
                 log.warning("could not deregister worker: %s", exc)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             self._watch_model_time()
-            for state in self._states:
-                try:
-                    state.heartbeat(self._member, self._interval_s * 3)
-                except Exception as exc:
-                    log.warning("heartbeat failed: %s", exc)
-            self._stop.wait(min(self._interval_s, 0.5))
+            if not self._leaving.is_set():
+                for state in self._states:
+                    try:
+                        state.heartbeat(self._member, self._interval_s * 3)
+                    except Exception as exc:
+                        log.warning("heartbeat failed: %s", exc)
+            time.sleep(min(self._interval_s, WATCH_INTERVAL_S))
 
     def _watch_model_time(self) -> None:
         limits = self._runtime.settings.worker
@@ -123,7 +128,7 @@ def run_worker(
     register_tasks(app, runtime)
     heartbeat = Heartbeat(runtime)
     worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
-    worker_shutting_down.connect(lambda **_: heartbeat.stop(), weak=False)
+    worker_shutting_down.connect(lambda **_: heartbeat.leave(), weak=False)
     worker = app.Worker(
         hostname=hostname,
         pool=pool,

@@ -10,7 +10,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from config.keys import CONSUMER_GROUP, Keys
+from config.keys import CONSUMER_GROUP, Keys, device_consumer
 from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
 from producer.admission import ProducerCore
@@ -307,10 +307,15 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
 
 
 def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) -> list[Any]:
-    """Entries a process read and then died holding, as a reclaim hands them over."""
+    """Entries a worker read onto its device and then died holding, as a reclaim hands them
+    over."""
     batcher._ensure_group()
-    reply = client.xreadgroup(CONSUMER_GROUP, "worker:dead", {STREAM: ">"})
+    reply = client.xreadgroup(CONSUMER_GROUP, device_consumer("dead"), {STREAM: ">"})
     return [entry for _, entries in reply for entry in entries]
+
+
+def ids_of(entries: list[Any]) -> set[str]:
+    return {entry_id.decode() for entry_id, _ in entries}
 
 
 def test_requests_taken_back_from_a_dead_process_ride_alone(
@@ -323,7 +328,8 @@ def test_requests_taken_back_from_a_dead_process_ride_alone(
     kills its process cannot take innocent requests with it again."""
     add_worker(fake_redis, slots=4)
     ids = producer.submit_many("synthetic", ["a", "b", "c"])
-    batcher._take_back(taken_by_a_dead_process(fake_redis, batcher))
+    entries = taken_by_a_dead_process(fake_redis, batcher)
+    batcher._take_back(entries, died_on_device=ids_of(entries))
     for _ in range(3):
         batcher.step()
     assert [len(task["args"][2]) for task in celery.sent] == [1, 1, 1]
@@ -341,9 +347,25 @@ def test_a_request_whose_process_keeps_dying_is_answered_model_error(
     (request_id,) = producer.submit_many("synthetic", ["segfault"])
     entries = taken_by_a_dead_process(fake_redis, batcher)
     fake_redis.hset(KEYS.attempts("synthetic"), entries[0][0], 2)
-    batcher._take_back(entries)
+    batcher._take_back(entries, died_on_device=ids_of(entries))
     error = stored_result(fake_redis, request_id).error
     assert error is not None and error.code == "model_error"
     assert "gave up after 3 attempts" in error.message
     assert celery.sent == []
     assert not fake_redis.hexists(KEYS.attempts("synthetic"), entries[0][0])
+
+
+def test_requests_reclaimed_from_a_process_that_did_not_run_them_count_no_attempt(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """Requests a dead batcher held, or a worker held while waiting for its device, cannot
+    have killed it: they are sent again together, with no attempt counted."""
+    add_worker(fake_redis, slots=4)
+    producer.submit_many("synthetic", ["a", "b", "c"])
+    batcher._take_back(taken_by_a_dead_process(fake_redis, batcher), died_on_device=set())
+    batcher.step()
+    assert [len(task["args"][2]) for task in celery.sent] == [3]
+    assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0

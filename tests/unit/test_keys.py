@@ -1,6 +1,6 @@
 """Every Redis key string is pinned: changing one breaks running fleets."""
 
-from config.keys import CONSUMER_GROUP, Keys
+from config.keys import CONSUMER_GROUP, Keys, device_consumer, held_on_device, worker_consumer
 
 
 def test_every_key_has_its_exact_string() -> None:
@@ -18,6 +18,10 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.inbox("p1") == "bf:inbox:p1"
     assert keys.celery_queue("m") == "bf.m"
     assert CONSUMER_GROUP == "batchers"
+    assert worker_consumer("gpu0@h") == "worker:gpu0@h"
+    assert device_consumer("gpu0@h") == "worker:gpu0@h:device"
+    assert held_on_device(device_consumer("gpu0@h"))
+    assert not held_on_device(worker_consumer("gpu0@h"))
 
 
 def test_prefix_separates_fleets() -> None:

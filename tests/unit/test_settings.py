@@ -21,12 +21,12 @@ def test_environment_overrides_nested_fields(monkeypatch: pytest.MonkeyPatch) ->
     """BATCHFLEET_REDIS_URL and nested BATCHFLEET_X__Y variables reach the settings."""
     monkeypatch.setenv("BATCHFLEET_REDIS_URL", "redis://:secret@host:1/2")
     monkeypatch.setenv("BATCHFLEET_MODELS__SYNTHETIC__MAX_BATCH_SIZE", "8")
-    monkeypatch.setenv("BATCHFLEET_WORKER__CONCURRENCY", "3")
+    monkeypatch.setenv("BATCHFLEET_WORKER__HEARTBEAT_S", "2.5")
     settings = load_settings()
     assert settings.redis_url.get_secret_value() == "redis://:secret@host:1/2"
     assert "secret" not in repr(settings)
     assert settings.policy("synthetic").max_batch_size == 8
-    assert settings.worker.concurrency == 3
+    assert settings.worker.heartbeat_s == 2.5
 
 
 def test_toml_file_configures_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -57,6 +57,7 @@ def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) 
         ("WORKER__TIME_LIMIT_S", "10"),
         ("WORKER__VISIBILITY_TIMEOUT_S", "25"),
         ("BATCHER__RECLAIM_LEASE_S", "40"),
+        ("WORKER__CONCURRENCY", "3"),
     ],
 )
 def test_time_limits_must_be_ordered(
