@@ -130,18 +130,26 @@ class WorkerRuntime:
             # Suspects and redelivered batches run one request per model call, so that an
             # input that kills the process is the only one on the device when it does.
             for item in runnable:
-                with self._device_lock:
-                    self._claim_for_device(stream, [item])
-                    runs += isolate_failures(self._timed(model), [item])
+                confirm = _nothing
+                try:
+                    with self._device_lock:
+                        _, confirm = self._claim_for_device(stream, [item])
+                        runs += isolate_failures(self._timed(model), [item])
+                finally:
+                    confirm()
         elif runnable or policy.late_binding:
-            with self._device_lock:  # held for the model only: answers are built after it frees
-                arrived = self._claim_for_device(
-                    stream, runnable, policy.max_batch_size if policy.late_binding else 0
-                )
-                late = self._sort_late(arrived, model_name, writer, finals)
-                runnable += late
-                if runnable:
-                    runs = isolate_failures(self._timed(model), runnable)
+            fill_to = policy.max_batch_size if policy.late_binding else 0
+            confirm = _nothing
+            try:
+                # The lock is held for the model only: answers are built after it frees.
+                with self._device_lock:
+                    arrived, confirm = self._claim_for_device(stream, runnable, fill_to)
+                    late = self._sort_late(arrived, model_name, writer, finals)
+                    runnable += late
+                    if runnable:
+                        runs = isolate_failures(self._timed(model), runnable)
+            finally:
+                confirm()
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         reasons = {entry_id: flush_reason for entry_id, _ in runnable}
         reasons.update({entry_id: "late" for entry_id, _ in late})
@@ -179,28 +187,44 @@ class WorkerRuntime:
 
     def _claim_for_device(
         self, stream: str, items: Sequence[tuple[str, Request]], fill_to: int = 0
-    ) -> list[StreamEntry]:
-        """Moves ``items`` to this worker's device consumer (restarting their lease), and with
-        ``fill_to`` takes requests no batcher has read yet, up to that batch size (late
-        binding), in one round trip. A process that dies now is found holding exactly what
-        was on its device: only those requests count an attempt when they are reclaimed."""
-        pipe = self.client.pipeline(transaction=False)
-        if items:
-            pipe.xclaim(
-                stream,
-                CONSUMER_GROUP,
-                self.device_consumer,
-                0,
-                [entry_id for entry_id, _ in items],
-                justid=True,
-            )
+    ) -> tuple[list[StreamEntry], Callable[[], None]]:
+        """Moves ``items`` to this worker's device consumer, restarting their lease, for the
+        model call the caller makes next. A process that dies in that call is found holding
+        exactly what was on its device: only those requests count an attempt when reclaimed.
+
+        With ``fill_to`` it also takes requests no batcher has read yet, up to that batch
+        size (late binding), in the same round trip, and returns them. With nothing to take,
+        the claim is only sent, so the model starts at once; the returned ``confirm`` reads
+        its reply, to be called once the device is released, whatever happened.
+        """
+        ids: list[Any] = [entry_id for entry_id, _ in items]
         room = fill_to - len(items)
         if room > 0:
+            pipe = self.client.pipeline(transaction=False)
+            if ids:
+                pipe.xclaim(stream, CONSUMER_GROUP, self.device_consumer, 0, ids, justid=True)
             pipe.xreadgroup(CONSUMER_GROUP, self.device_consumer, {stream: ">"}, count=room)
-        replies: list[Any] = pipe.execute()
-        if room <= 0 or not replies[-1]:
-            return []
-        return [entry for _, stream_entries in replies[-1] for entry in stream_entries]
+            reply: Any = pipe.execute()[-1]
+            return [entry for _, entries in reply or [] for entry in entries], _nothing
+        if not ids:
+            return [], _nothing
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command(  # type: ignore[no-untyped-call]
+                "XCLAIM", stream, CONSUMER_GROUP, self.device_consumer, 0, *ids, "JUSTID"
+            )
+        except BaseException:
+            pool.release(connection)
+            raise
+
+        def confirm() -> None:
+            try:
+                connection.read_response()
+            finally:
+                pool.release(connection)
+
+        return [], confirm
 
     def _sort_late(
         self,
@@ -308,6 +332,10 @@ def _unencodable(output: Any) -> str | None:
     except InvalidInput as exc:
         return f"output is not JSON: {exc}"
     return None
+
+
+def _nothing() -> None:
+    """A confirmation with nothing to confirm."""
 
 
 def _placeholder(request: Request) -> Result:
