@@ -123,33 +123,17 @@ class WorkerRuntime:
         finals = list(read.invalid)
         done = writer.existing([request.request_id for _, _, request in read.requests])
         runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
-        model = self.model(model_name)
         late: list[tuple[str, Request]] = []
         runs: list[ModelRun] = []
         if singles:
             # Suspects and redelivered batches run one request per model call, so that an
             # input that kills the process is the only one on the device when it does.
             for item in runnable:
-                confirm = _nothing
-                try:
-                    with self._device_lock:
-                        _, confirm = self._claim_for_device(stream, [item])
-                        runs += isolate_failures(self._timed(model), [item])
-                finally:
-                    confirm()
+                runs += self._run_on_device(model_name, stream, [item], 0, writer, finals)[1]
         elif runnable or policy.late_binding:
             fill_to = policy.max_batch_size if policy.late_binding else 0
-            confirm = _nothing
-            try:
-                # The lock is held for the model only: answers are built after it frees.
-                with self._device_lock:
-                    arrived, confirm = self._claim_for_device(stream, runnable, fill_to)
-                    late = self._sort_late(arrived, model_name, writer, finals)
-                    runnable += late
-                    if runnable:
-                        runs = isolate_failures(self._timed(model), runnable)
-            finally:
-                confirm()
+            late, runs = self._run_on_device(model_name, stream, runnable, fill_to, writer, finals)
+            runnable += late
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         reasons = {entry_id: flush_reason for entry_id, _ in runnable}
         reasons.update({entry_id: "late" for entry_id, _ in late})
@@ -184,6 +168,29 @@ class WorkerRuntime:
             else:
                 runnable.append((entry_id, request))
         return runnable
+
+    def _run_on_device(
+        self,
+        model_name: str,
+        stream: str,
+        items: list[tuple[str, Request]],
+        fill_to: int,
+        writer: ResultWriter,
+        finals: list[Final],
+    ) -> tuple[list[tuple[str, Request]], list[ModelRun]]:
+        """Takes the device, tops ``items`` up to ``fill_to`` with late joiners, and runs them;
+        returns the late joiners and the model runs. The lock is held for the model only:
+        answers are built after it frees."""
+        predict = self._timed(self.model(model_name))
+        confirm = _nothing
+        try:
+            with self._device_lock:
+                arrived, confirm = self._claim_for_device(stream, items, fill_to)
+                late = self._sort_late(arrived, model_name, writer, finals)
+                batch = [*items, *late]
+                return late, isolate_failures(predict, batch) if batch else []
+        finally:
+            confirm()
 
     def _claim_for_device(
         self, stream: str, items: Sequence[tuple[str, Request]], fill_to: int = 0
