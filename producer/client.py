@@ -90,8 +90,12 @@ class InboxListener:
                 continue
             try:  # a batch finalizes many results at once: take them in one more round trip
                 rest = self._client.lpop(self._inbox, INBOX_DRAIN) or []
-            except redis.RedisError:
-                rest = []
+            except redis.RedisError as exc:
+                # Redis may have popped results this reply lost: their waiters must not wait
+                # in vain. They get a typed error; asking again finds the stored results.
+                self._waiters.deliver(read_inbox([item[1]]))
+                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
+                continue
             self._waiters.deliver(read_inbox([item[1], *rest]))
 
 
