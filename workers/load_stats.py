@@ -106,12 +106,8 @@ class RunStats:
             "errors": dict(errors),
             "window_s": round(self.window_s, 3),
             "throughput_rps": round(self.throughput, 1),
-            "latency_ms": {
-                q: round(percentile(latencies, float(q[1:])), 1) for q in ("p50", "p95", "p99")
-            },
-            "overhead_ms": {
-                q: round(percentile(overheads, float(q[1:])), 1) for q in ("p50", "p95", "p99")
-            },
+            "latency_ms": quantiles_ms(latencies),
+            "overhead_ms": quantiles_ms(overheads),
             "batches": len(calls),
             "mean_batch_size": round(sum(r.batch_size for r in calls) / len(calls), 2)
             if calls
