@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from time import monotonic
 from types import TracebackType
@@ -27,9 +26,6 @@ from producer.admission import (
 from producer.client import LISTEN_BLOCK_S
 from producer.redis_errors import broker_errors
 from producer.waiters import Waiters
-
-log = logging.getLogger(__name__)
-
 
 MAX_CONNECTIONS = 32
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -26,8 +25,6 @@ from producer.admission import (
 )
 from producer.redis_errors import broker_errors
 from producer.waiters import Waiters
-
-log = logging.getLogger(__name__)
 
 LISTEN_BLOCK_S = 1
 WAKE_SENTINEL = ""

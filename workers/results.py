@@ -144,11 +144,22 @@ class ResultWriter:
         pipe.hdel(self._keys.attempts(self._model), *entry_ids)
         pipe.execute()
 
-    def existing(self, request_ids: Sequence[str]) -> list[bool]:
-        """Whether each request already has its final answer."""
-        if not request_ids:
-            return []
+    def claim_and_check(
+        self, consumer: str, entry_ids: Sequence[str], request_ids: Sequence[str]
+    ) -> list[bool]:
+        """Moves the entries to ``consumer`` (restarting their lease) and says whether each
+        request already has its final answer, in one round trip."""
         pipe = self._client.pipeline(transaction=False)
+        if entry_ids:
+            pipe.xclaim(
+                self._keys.requests(self._model),
+                CONSUMER_GROUP,
+                consumer,
+                0,
+                list(entry_ids),
+                justid=True,
+            )
         for request_id in request_ids:
             pipe.exists(self._keys.result(request_id))
-        return [bool(found) for found in pipe.execute()]
+        replies = pipe.execute()
+        return [bool(found) for found in replies[1 if entry_ids else 0 :]]

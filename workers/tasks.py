@@ -112,16 +112,19 @@ class WorkerRuntime:
         policy = self.settings.policy(model_name)
         writer = ResultWriter(self.client, self.keys, model_name)
         stream = self.keys.requests(model_name)
-        entry_ids: list[str | bytes | int | memoryview] = [entry_id for entry_id, _ in entries]
-        # Restart the lease: a running batch is never reclaimed while it can still finish.
-        self.client.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, entry_ids, justid=True)
         read = read_entries(
             [(entry_id, {STREAM_FIELD: raw}) for entry_id, raw in entries],
             model_name,
             policy.result_ttl_s,
         )
         finals = list(read.invalid)
-        done = writer.existing([request.request_id for _, _, request in read.requests])
+        # Restart the lease (a running batch is never reclaimed while it can still finish)
+        # and learn which requests a previous delivery already answered.
+        done = writer.claim_and_check(
+            self.consumer,
+            [entry_id for entry_id, _ in entries],
+            [request.request_id for _, _, request in read.requests],
+        )
         runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
         late: list[tuple[str, Request]] = []
         runs: list[ModelRun] = []
