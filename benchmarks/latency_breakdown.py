@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import time
 
-from workers.bench import BATCHED, BenchConfig, rate_run
+from workers.bench import BenchConfig, rate_run
 from workers.load_stats import percentile
 from workers.private_fleet import private_fleet
 
@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     config = BenchConfig(mode="rate")
     with private_fleet(config.models()) as fleet:
-        stats = asyncio.run(rate_run(fleet, BATCHED, args.rate, args.duration, seed=1))
+        stats = asyncio.run(rate_run(fleet, config.batched_model, args.rate, args.duration))
     wall_offset = time.time() - time.monotonic()
     rows = []
     for sample in stats.ok:

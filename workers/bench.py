@@ -1,9 +1,11 @@
-"""``batchfleet bench``: load against a private fleet of the synthetic model, and the figures.
+"""``batchfleet bench``: load against a private fleet, and the figures.
 
 Modes: ``saturate`` (every request at once, or N in flight), ``rate`` (open loop: Poisson
 arrivals at a fixed rate for a duration), ``sweep`` (``rate`` at several rates, with PNG plots
 of latency and worker busy fraction against load). ``--baseline`` runs the same load through
-the same fleet with ``max_batch_size = 1`` (one request per model call) for comparison.
+the same fleet with ``max_batch_size = 1`` (one request per model call) for comparison. The
+model is the synthetic one (a GPU-like sleep) or the real ``embedding`` backend on this
+machine's CPU, fed sentences of mixed length.
 """
 
 from __future__ import annotations
@@ -12,23 +14,24 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from producer.async_client import AsyncProducer
+from workers.bench_inputs import inputs_for, synthetic_input
 from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
 from workers.private_fleet import PrivateFleet, private_fleet
 
-BATCHED = "synthetic"
-UNBATCHED = "synthetic-unbatched"
+UNBATCHED_SUFFIX = "-unbatched"
 RESULT_TIMEOUT_S = 300.0
+InputMaker = Callable[[int], Any]
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run: the fleet's shape and the load."""
+    """What to run: the fleet's shape, its model, and the load."""
 
     mode: str
     requests: int = 5000
@@ -37,24 +40,52 @@ class BenchConfig:
     duration_s: float = 20.0
     rates: tuple[float, ...] = (100.0, 200.0, 400.0, 600.0, 800.0)
     workers: int = 1
+    backend: str = "synthetic"
     max_batch_size: int = 32
     max_wait_s: float = 0.015
     base_ms: float = 20.0
     per_item_ms: float = 0.5
+    threads: int | None = None
     baseline: bool = False
     out_dir: Path = Path("benchmarks/results")
     seed: int = 1
 
+    @property
+    def batched_model(self) -> str:
+        return self.backend
+
+    @property
+    def unbatched_model(self) -> str:
+        return self.backend + UNBATCHED_SUFFIX
+
+    def describe(self) -> str:
+        """The model and its batching, in words, for the report's first line."""
+        if self.backend == "synthetic":
+            model = f"synthetic model {self.base_ms:g} ms + {self.per_item_ms:g} ms/item"
+        else:
+            threads = f", {self.threads} torch thread(s)" if self.threads else ""
+            model = f"{self.backend} model on the CPU{threads}"
+        return f"{model}, max batch {self.max_batch_size}, max wait {self.max_wait_s * 1000:g} ms"
+
     def models(self) -> dict[str, dict[str, Any]]:
-        options = {"base_ms": self.base_ms, "per_item_ms": self.per_item_ms}
+        if self.backend == "synthetic":
+            options: dict[str, Any] = {"base_ms": self.base_ms, "per_item_ms": self.per_item_ms}
+        else:
+            options = {"threads": self.threads} if self.threads else {}
+        # A benchmark measures queueing: nothing may expire before the client stops waiting.
+        common = {
+            "backend": self.backend,
+            "options": options,
+            "max_queue_len": 1_000_000,
+            "request_timeout_s": RESULT_TIMEOUT_S,
+        }
         return {
-            BATCHED: {
+            self.batched_model: {
+                **common,
                 "max_batch_size": self.max_batch_size,
                 "max_wait_s": self.max_wait_s,
-                "options": options,
-                "max_queue_len": 1_000_000,
             },
-            UNBATCHED: {"max_batch_size": 1, "options": options, "max_queue_len": 1_000_000},
+            self.unbatched_model: {**common, "max_batch_size": 1},
         }
 
 
@@ -69,11 +100,13 @@ async def _one(
     raise AssertionError("results() ended without a result")
 
 
-async def saturate(producer: AsyncProducer, model: str, count: int, inflight: int) -> list[Sample]:
+async def saturate(
+    producer: AsyncProducer, model: str, count: int, inflight: int, make_input: InputMaker
+) -> list[Sample]:
     """``count`` requests: all at once (``inflight`` 0), or ``inflight`` at a time, closed loop."""
     if inflight <= 0:
         sent_at = time.monotonic()
-        ids = await producer.submit_many(model, [{"n": index} for index in range(count)])
+        ids = await producer.submit_many(model, [make_input(index) for index in range(count)])
         return [
             Sample(sent_at, time.monotonic(), result)
             async for result in producer.results(ids, timeout_s=RESULT_TIMEOUT_S)
@@ -83,14 +116,19 @@ async def saturate(producer: AsyncProducer, model: str, count: int, inflight: in
 
     async def client() -> None:
         for index in counter:
-            samples.append(await _one(producer, model, {"n": index}))
+            samples.append(await _one(producer, model, make_input(index)))
 
     await asyncio.gather(*(client() for _ in range(inflight)))
     return samples
 
 
 async def open_loop(
-    producer: AsyncProducer, model: str, rate: float, duration_s: float, seed: int
+    producer: AsyncProducer,
+    model: str,
+    rate: float,
+    duration_s: float,
+    seed: int,
+    make_input: InputMaker,
 ) -> tuple[list[Sample], int]:
     """Poisson arrivals at ``rate`` per second for ``duration_s``, each request on its own,
     timed from its scheduled arrival (a late sender cannot hide queueing); returns the
@@ -104,7 +142,7 @@ async def open_loop(
         delay = next_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_one(producer, model, {"n": index}, next_at)))
+        tasks.append(asyncio.create_task(_one(producer, model, make_input(index), next_at)))
         index += 1
         next_at += rng.expovariate(rate)
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -113,43 +151,64 @@ async def open_loop(
 
 
 def label_of(model: str) -> str:
-    return "batched" if model == BATCHED else "one at a time"
+    return "one at a time" if model.endswith(UNBATCHED_SUFFIX) else "batched"
 
 
 async def saturation_run(
-    fleet: PrivateFleet, model: str, count: int, inflight: int = 0, workers: int = 1
+    fleet: PrivateFleet,
+    model: str,
+    count: int,
+    inflight: int = 0,
+    workers: int = 1,
+    make_input: InputMaker = synthetic_input,
 ) -> RunStats:
     """``count`` requests to ``model``, all at once or ``inflight`` at a time."""
     async with AsyncProducer(fleet.settings) as producer:
-        samples = await saturate(producer, model, count, inflight)
+        samples = await saturate(producer, model, count, inflight, make_input)
     offered = f"{count} " + (f"x{inflight}" if inflight else "at once")
     return RunStats(label_of(model), offered, count, samples, workers)
 
 
 async def rate_run(
-    fleet: PrivateFleet, model: str, rate: float, duration_s: float, seed: int, workers: int = 1
+    fleet: PrivateFleet,
+    model: str,
+    rate: float,
+    duration_s: float,
+    *,
+    seed: int = 1,
+    workers: int = 1,
+    make_input: InputMaker = synthetic_input,
 ) -> RunStats:
     """Open-loop Poisson load on ``model`` at ``rate`` per second for ``duration_s``."""
     async with AsyncProducer(fleet.settings) as producer:
-        samples, failed = await open_loop(producer, model, rate, duration_s, seed)
+        samples, failed = await open_loop(producer, model, rate, duration_s, seed, make_input)
     return RunStats(label_of(model), f"{rate:g}/s", len(samples) + failed, samples, workers, failed)
 
 
 async def _run(fleet: PrivateFleet, config: BenchConfig, model: str, rate: float) -> RunStats:
+    make_input = inputs_for(config.backend, config.seed)
     if config.mode == "saturate":
-        return await saturation_run(fleet, model, config.requests, config.inflight, config.workers)
-    return await rate_run(fleet, model, rate, config.duration_s, config.seed, config.workers)
+        return await saturation_run(
+            fleet, model, config.requests, config.inflight, config.workers, make_input
+        )
+    return await rate_run(
+        fleet,
+        model,
+        rate,
+        config.duration_s,
+        seed=config.seed,
+        workers=config.workers,
+        make_input=make_input,
+    )
 
 
 def run_bench(config: BenchConfig) -> int:
     """Runs the benchmark, prints the table, writes the JSON (and plots for a sweep)."""
     rates = config.rates if config.mode == "sweep" else (config.rate,)
-    models = [BATCHED, UNBATCHED] if config.baseline else [BATCHED]
-    print(
-        f"batchfleet bench {config.mode}: {config.workers} worker(s), synthetic model "
-        f"{config.base_ms:g} ms + {config.per_item_ms:g} ms/item, max batch "
-        f"{config.max_batch_size}, max wait {config.max_wait_s * 1000:g} ms"
-    )
+    models = [config.batched_model]
+    if config.baseline:
+        models.append(config.unbatched_model)
+    print(f"batchfleet bench {config.mode}: {config.workers} worker(s), {config.describe()}")
     summaries: list[dict[str, Any]] = []
     with private_fleet(config.models(), workers=config.workers) as fleet:
         print(TABLE_HEADER)

@@ -72,10 +72,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         rates=tuple(float(rate) for rate in args.rates.split(",")),
         workers=args.workers,
+        backend=args.backend,
         max_batch_size=args.max_batch_size,
         max_wait_s=args.max_wait_s,
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
+        threads=args.threads,
         baseline=args.baseline,
         out_dir=Path(args.out),
     )
@@ -127,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=20.0, help="rate, sweep: seconds each")
     bench.add_argument("--rates", default="50,100,200,400,600,800", help="sweep: req/s list")
     bench.add_argument("--workers", type=int, default=1, help="CPU workers to start")
+    bench.add_argument(
+        "--backend",
+        choices=["synthetic", "embedding"],
+        default="synthetic",
+        help="the model: a GPU-like sleep, or MiniLM embeddings on this CPU (needs the extra)",
+    )
+    bench.add_argument("--threads", type=int, help="embedding: torch threads per worker")
     bench.add_argument("--max-batch-size", type=int, default=32)
     bench.add_argument("--max-wait-s", type=float, default=0.015)
     bench.add_argument("--base-ms", type=float, default=20.0, help="synthetic cost per batch")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from workers.bench import BATCHED, UNBATCHED, BenchConfig, saturation_run
+from workers.bench import BenchConfig, saturation_run
 from workers.load_stats import TABLE_HEADER, table_line
 from workers.private_fleet import private_fleet
 
@@ -22,8 +22,8 @@ def run_demo(requests: int = 2000, baseline: int = 2000) -> int:
             f"batched (max batch {config.max_batch_size}); then {baseline} at once, "
             "one request per model call"
         )
-        batched = asyncio.run(saturation_run(fleet, BATCHED, requests)).summary()
-        single = asyncio.run(saturation_run(fleet, UNBATCHED, baseline)).summary()
+        batched = asyncio.run(saturation_run(fleet, config.batched_model, requests)).summary()
+        single = asyncio.run(saturation_run(fleet, config.unbatched_model, baseline)).summary()
     print(TABLE_HEADER)
     print(table_line(batched))
     print(table_line(single))

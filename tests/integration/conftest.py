@@ -75,10 +75,13 @@ def producer_for(fleet: LocalFleet) -> Producer:
     return Producer(settings_for(env))
 
 
-def wait_ready(producer: Producer, fleet: LocalFleet, model: str = "synthetic") -> None:
+def wait_ready(
+    producer: Producer, fleet: LocalFleet, model: str = "synthetic", warmup: Any = None
+) -> None:
     """Barrier: one request makes the whole path (batcher, worker, result) before the test."""
+    warmup = {"warmup": True} if warmup is None else warmup
     try:
-        producer.result(producer.submit(model, {"warmup": True}), timeout_s=READY_TIMEOUT_S)
+        producer.result(producer.submit(model, warmup), timeout_s=READY_TIMEOUT_S)
     except Exception:
         print(fleet.logs())
         raise

@@ -11,6 +11,7 @@ from workers.models.base import Model
 
 BUILTIN_BACKENDS = {
     "synthetic": "workers.models.synthetic:SyntheticModel",
+    "embedding": "workers.models.embedding:EmbeddingModel",
 }
 
 

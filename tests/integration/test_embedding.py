@@ -1,0 +1,44 @@
+"""The real embedding model served by a real fleet (when the embedding extra is installed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from config.settings import ModelPolicy
+from workers.bench_inputs import sentence_inputs
+from workers.local_fleet import LocalFleet
+from workers.models.registry import build_model
+
+from .conftest import producer_for, wait_ready
+
+pytest.importorskip("torch", reason="the embedding extra is not installed")
+
+POLICY = {"backend": "embedding", "options": {"threads": 1}}
+
+
+def test_a_fleet_embeds_sentences_in_batches_and_isolates_a_bad_input(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """Sentences sent at once come back as the model's own vectors, each to its caller, from
+    batches of many; an input that is not a string gets model_error and harms no one."""
+    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"embed": POLICY}))
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    sentences = [sentence_inputs(seed=7)(index) for index in range(96)]
+    local = build_model("embed", ModelPolicy.model_validate(POLICY), "cpu")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet, "embed", warmup="warm up")
+        ids = producer.submit_many("embed", [*sentences[:50], 42, *sentences[50:]])
+        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    bad_id = ids.pop(50)
+    assert results[bad_id].error is not None
+    assert results[bad_id].error.code == "model_error"
+    assert "non-empty string" in results[bad_id].error.message
+    expected = local.predict(sentences)
+    for request_id, vector in zip(ids, expected, strict=True):
+        output = results[request_id].unwrap()
+        assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
+    assert max(results[request_id].batch_size for request_id in ids) > 8

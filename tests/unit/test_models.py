@@ -1,0 +1,114 @@
+"""The model registry, and the embedding backend's contract (when its extra is installed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from config.errors import ConfigError
+from config.settings import ModelPolicy
+from workers.models.base import Model
+from workers.models.registry import build_model, load_class
+from workers.models.synthetic import SyntheticModel
+
+
+class UserModel:
+    """A user's own model, plugged in by import path."""
+
+    version = "user-7"
+
+    def __init__(self, scale: int = 1) -> None:
+        self.scale = scale
+
+    def setup(self, device: str) -> None:
+        self.device = device
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        return [item * self.scale for item in batch]
+
+
+class BrokenSetupModel(UserModel):
+    """A model whose weights cannot load."""
+
+    def setup(self, device: str) -> None:
+        raise FileNotFoundError("weights.safetensors not found")
+
+
+def test_builtin_backends_resolve_by_name() -> None:
+    """The built-in backends are found by their short names."""
+    assert load_class("synthetic") is SyntheticModel
+    assert load_class("embedding").__name__ == "EmbeddingModel"
+
+
+def test_a_users_model_plugs_in_by_import_path_with_its_options() -> None:
+    """A class named module:Class is built with the policy's options and set up on the device."""
+    policy = ModelPolicy(backend=f"{__name__}:UserModel", options={"scale": 3})
+    model = build_model("mine", policy, "cpu")
+    assert isinstance(model, Model)
+    assert model.predict([1, 2]) == [3, 6]
+    assert model.version == "user-7"
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        ("nonsense", "unknown backend 'nonsense'"),
+        ("no_such_module:Model", "cannot load backend"),
+        (f"{__name__}:NoSuchClass", "cannot load backend"),
+        (f"{__name__}:BrokenSetupModel", "failed to set up: weights.safetensors not found"),
+    ],
+)
+def test_a_model_that_cannot_load_is_one_clear_config_error(backend: str, message: str) -> None:
+    """A wrong backend name or a failing setup is a ConfigError naming the model."""
+    with pytest.raises(ConfigError, match=message):
+        build_model("mine", ModelPolicy(backend=backend), "cpu")
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Model:
+    pytest.importorskip("torch", reason="the embedding extra is not installed")
+    return build_model("embed", ModelPolicy(backend="embedding", options={"threads": 1}), "cpu")
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def test_embeddings_are_unit_vectors_in_the_callers_order(embedder: Model) -> None:
+    """One 384-float unit vector per input, in order, the same whatever the batch around it."""
+    sentences = ["The cat sat on the mat.", "Stock markets fell sharply on Monday."]
+    forward = embedder.predict(sentences)
+    backward = embedder.predict(list(reversed(sentences)))
+    alone = embedder.predict(sentences[:1])
+    assert [len(vector) for vector in forward] == [384, 384]
+    assert math.isclose(cosine(forward[0], forward[0]), 1.0, rel_tol=1e-5)
+    assert cosine(forward[0], backward[1]) > 0.9999
+    assert cosine(forward[1], backward[0]) > 0.9999
+    assert cosine(forward[0], alone[0]) > 0.9999
+
+
+def test_embeddings_place_similar_sentences_close(embedder: Model) -> None:
+    """A paraphrase is nearer than an unrelated sentence: the real model answered."""
+    cat, kitten, markets = embedder.predict(
+        ["A cat is sleeping on the sofa.", "A kitten naps on the couch.", "Bond yields rose."]
+    )
+    assert cosine(cat, kitten) > cosine(cat, markets) + 0.3
+
+
+@pytest.mark.parametrize("bad", ["", "   ", 42, {"text": "hi"}, None])
+def test_an_embedding_input_must_be_a_non_empty_string(embedder: Model, bad: Any) -> None:
+    """A non-string or empty input raises TypeError, which the worker isolates to that item."""
+    with pytest.raises(TypeError, match="non-empty string"):
+        embedder.predict(["fine", bad])
+
+
+@pytest.mark.parametrize(
+    "options", [{"threads": 0}, {"normalize": "maybe"}, {"max_tokens": 513}, {"max_tokens": 0}]
+)
+def test_embedding_options_out_of_range_are_refused_before_loading(options: Any) -> None:
+    """A bad embedding option is a ConfigError at build time, naming the option."""
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        build_model("embed", ModelPolicy(backend="embedding", options=options), "cpu")

@@ -1,0 +1,43 @@
+"""What the benchmarks send: a small JSON object for the synthetic model, and English-like
+sentences of mixed length (most short, a long tail) for the embedding model."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+VOCABULARY = (
+    "the of and to in is was for that on with as by at from his her they this have which one "
+    "their were been has more when will would there other into time about only new some could "
+    "these two may first then do any like my now over such our man me even most made after "
+    "also did many before must through back years where much your way well down should because "
+    "each just those people how too little state good very make world still own see men work "
+    "long get here between both life being under never day same another know while last might "
+    "us great old year off come since against go came right used take three model batch queue "
+    "worker request latency throughput memory device kernel token sentence vector embedding"
+)
+WORDS = VOCABULARY.split()
+MEDIAN_WORDS = 10
+MAX_WORDS = 48
+
+
+def synthetic_input(index: int) -> dict[str, int]:
+    return {"n": index}
+
+
+def sentence_inputs(seed: int = 1) -> Callable[[int], str]:
+    """Sentences whose word counts are log-normal around ``MEDIAN_WORDS`` (3 to ``MAX_WORDS``):
+    the mix of short queries and long passages that makes padding costly."""
+    rng = random.Random(seed)
+
+    def sentence(_index: int) -> str:
+        count = min(MAX_WORDS, max(3, round(rng.lognormvariate(0, 0.5) * MEDIAN_WORDS)))
+        return " ".join(rng.choices(WORDS, k=count)).capitalize() + "."
+
+    return sentence
+
+
+def inputs_for(backend: str, seed: int = 1) -> Callable[[int], Any]:
+    """The input generator for ``backend``: request index -> input."""
+    return sentence_inputs(seed) if backend == "embedding" else synthetic_input

