@@ -21,6 +21,7 @@ from typing import Any
 
 from producer.async_client import AsyncProducer
 from workers.bench_inputs import inputs_for, synthetic_input
+from workers.gpu import GpuSampler
 from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
 from workers.private_fleet import PrivateFleet, private_fleet
 
@@ -46,6 +47,7 @@ class BenchConfig:
     base_ms: float = 20.0
     per_item_ms: float = 0.5
     threads: int | None = None
+    gpus: int = 0
     baseline: bool = False
     out_dir: Path = Path("benchmarks/results")
     seed: int = 1
@@ -58,13 +60,18 @@ class BenchConfig:
     def unbatched_model(self) -> str:
         return self.backend + UNBATCHED_SUFFIX
 
+    def gpu_indices(self) -> list[int]:
+        """The GPUs the workers are pinned to (round-robin), none on the CPU."""
+        return sorted({index % self.gpus for index in range(self.workers)}) if self.gpus else []
+
     def describe(self) -> str:
         """The model and its batching, in words, for the report's first line."""
         if self.backend == "synthetic":
             model = f"synthetic model {self.base_ms:g} ms + {self.per_item_ms:g} ms/item"
         else:
             threads = f", {self.threads} torch thread(s)" if self.threads else ""
-            model = f"{self.backend} model on the CPU{threads}"
+            device = f"{self.gpus} GPU(s)" if self.gpus else f"the CPU{threads}"
+            model = f"{self.backend} model on {device}"
         return f"{model}, max batch {self.max_batch_size}, max wait {self.max_wait_s * 1000:g} ms"
 
     def models(self) -> dict[str, dict[str, Any]]:
@@ -210,14 +217,18 @@ def run_bench(config: BenchConfig) -> int:
         models.append(config.unbatched_model)
     print(f"batchfleet bench {config.mode}: {config.workers} worker(s), {config.describe()}")
     summaries: list[dict[str, Any]] = []
-    with private_fleet(config.models(), workers=config.workers) as fleet:
+    with private_fleet(config.models(), workers=config.workers, gpus=config.gpus) as fleet:
         print(TABLE_HEADER)
         for rate in rates:
             for model in models:
-                stats = asyncio.run(_run(fleet, config, model, rate))
+                with GpuSampler(config.gpu_indices()) as sampler:
+                    stats = asyncio.run(_run(fleet, config, model, rate))
                 summary = {**stats.summary(), "rate": rate if config.mode != "saturate" else None}
+                summary["gpu_utilisation"] = sampler.utilisation()
                 summaries.append(summary)
                 print(table_line(summary), flush=True)
+                if summary["gpu_utilisation"] is not None:
+                    print(f"{'':<14} GPU utilisation (NVML): {summary['gpu_utilisation']:.0%}")
     path = write_report(config, summaries)
     print(f"figures: {path}")
     if config.mode == "sweep":

@@ -63,7 +63,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from workers.bench import BenchConfig, run_bench
+    from workers.gpu import gpu_count
 
+    gpus = gpu_count() if args.gpu else 0
+    if args.gpu and not gpus:
+        raise ConfigError("--gpu: NVML finds no GPU on this machine")
     config = BenchConfig(
         mode=args.mode,
         requests=args.requests,
@@ -78,6 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
         threads=args.threads,
+        gpus=gpus,
         baseline=args.baseline,
         out_dir=Path(args.out),
     )
@@ -136,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model: a GPU-like sleep, or MiniLM embeddings on this CPU (needs the extra)",
     )
     bench.add_argument("--threads", type=int, help="embedding: torch threads per worker")
+    bench.add_argument(
+        "--gpu",
+        action="store_true",
+        help="pin the workers to this machine's GPUs (round-robin) and sample them with NVML",
+    )
     bench.add_argument("--max-batch-size", type=int, default=32)
     bench.add_argument("--max-wait-s", type=float, default=0.015)
     bench.add_argument("--base-ms", type=float, default=20.0, help="synthetic cost per batch")

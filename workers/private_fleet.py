@@ -42,8 +42,11 @@ def redis_url_for_run() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def private_fleet(models: dict[str, dict[str, Any]], workers: int = 1) -> Iterator[PrivateFleet]:
-    """Starts a batcher and ``workers`` CPU workers serving ``models`` under a fresh key prefix,
+def private_fleet(
+    models: dict[str, dict[str, Any]], workers: int = 1, gpus: int = 0
+) -> Iterator[PrivateFleet]:
+    """Starts a batcher and ``workers`` workers serving ``models`` under a fresh key prefix (on
+    the CPU, or pinned round-robin to ``gpus`` GPUs),
     waits until each model answers, and on exit stops them and deletes the run's keys.
 
     Raises:
@@ -61,7 +64,8 @@ def private_fleet(models: dict[str, dict[str, Any]], workers: int = 1) -> Iterat
             with LocalFleet(env) as processes:
                 processes.start("batcher")
                 for index in range(workers):
-                    processes.start("worker", "--cpu", "--name", f"w{index}@{prefix}")
+                    placement = ["--gpu", str(index % gpus)] if gpus else ["--cpu"]
+                    processes.start("worker", *placement, "--name", f"w{index}@{prefix}")
                 wait_until_serving(settings, processes)
                 yield PrivateFleet(settings, processes, url)
         finally:
