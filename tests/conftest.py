@@ -1,4 +1,5 @@
-"""Marks each test by its folder: ``tests/integration`` → integration, ``tests/unit`` → unit."""
+"""Marks each test by its folder: ``tests/integration`` → integration, ``tests/unit`` → unit,
+``tests/chaos`` → chaos and slow."""
 
 from __future__ import annotations
 
@@ -18,3 +19,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = Path(str(item.fspath)).relative_to(ROOT).parts[0]
         if folder in ("unit", "integration"):
             item.add_marker(folder)
+        elif folder == "chaos":
+            item.add_marker("chaos")
+            item.add_marker("slow")

@@ -27,7 +27,7 @@ from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 from workers.entries import StreamEntry, read_entries, to_text
 from workers.policy import Pending, Plan, plan_batch
-from workers.results import ResultWriter, error_final
+from workers.results import ResultWriter, error_final, gave_up_final
 
 log = logging.getLogger(__name__)
 
@@ -242,15 +242,7 @@ class ModelBatcher:
                 continue
             tries = (attempts or {}).get(entry_id, 0)
             if tries >= self.settings.batcher.max_attempts:
-                given_up.append(
-                    error_final(
-                        request,
-                        entry_id,
-                        "model_error",
-                        f"gave up after {tries} attempts: the process running it died each time",
-                        self.policy.result_ttl_s,
-                    )
-                )
+                given_up.append(gave_up_final(request, entry_id, tries, self.policy.result_ttl_s))
                 continue
             entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
             self._pending[entry_id] = Pending(

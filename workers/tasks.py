@@ -23,7 +23,7 @@ from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
 from workers.models.base import Model
 from workers.models.registry import build_model
-from workers.results import Final, ResultWriter, error_final
+from workers.results import Final, ResultWriter, error_final, gave_up_final
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,9 @@ class WorkerRuntime:
         one of its inputs) runs one request per model call instead.
         """
         state = FleetState(self.client, self.keys, model_name)
-        singles = redelivered or flush_reason == "isolated"
         try:
             state.batch_started(batch_id, self.member)
-            ran = self._run_batch(model_name, batch_id, entries, flush_reason, singles)
+            ran = self._run_batch(model_name, batch_id, entries, flush_reason, redelivered)
         finally:
             # The slot comes back whatever happened; requests left unanswered by a failure
             # stay pending in the stream and are reclaimed after the lease.
@@ -107,7 +106,7 @@ class WorkerRuntime:
         batch_id: str,
         entries: Sequence[Sequence[str]],
         flush_reason: str | None,
-        singles: bool,
+        redelivered: bool,
     ) -> int:
         policy = self.settings.policy(model_name)
         writer = ResultWriter(self.client, self.keys, model_name)
@@ -118,21 +117,36 @@ class WorkerRuntime:
             policy.result_ttl_s,
         )
         finals = list(read.invalid)
+        requests = read.requests
+        if redelivered:
+            # The process this batch was delivered to died; what its device held counts an
+            # attempt, as when a batcher reclaims it, and is given up at max_attempts.
+            requests = self._count_attempts(writer, requests, policy.result_ttl_s, finals)
         # Restart the lease (a running batch is never reclaimed while it can still finish)
         # and learn which requests a previous delivery already answered.
         done = writer.claim_and_check(
             self.consumer,
             [entry_id for entry_id, _ in entries],
-            [request.request_id for _, _, request in read.requests],
+            [request.request_id for _, _, request in requests],
         )
-        runnable = self._sort_out(read.requests, done, policy.result_ttl_s, finals)
+        runnable = self._sort_out(requests, done, policy.result_ttl_s, finals)
         late: list[tuple[str, Request]] = []
         runs: list[ModelRun] = []
-        if singles:
+        if redelivered or flush_reason == "isolated":
             # Suspects and redelivered batches run one request per model call, so that an
-            # input that kills the process is the only one on the device when it does.
+            # input that kills the process is the only one on the device when it does; each
+            # answer is written at once, so that one cannot take the others' answers with it.
             for item in runnable:
-                runs += self._run_on_device(model_name, stream, [item], 0, writer, finals)[1]
+                single = self._run_on_device(model_name, stream, [item], 0, writer, finals)[1]
+                writer.finalize(
+                    self._answers(
+                        model_name,
+                        batch_id,
+                        single,
+                        policy.result_ttl_s,
+                        {item[0]: flush_reason},
+                    )
+                )
         elif runnable or policy.late_binding:
             fill_to = policy.max_batch_size if policy.late_binding else 0
             late, runs = self._run_on_device(model_name, stream, runnable, fill_to, writer, finals)
@@ -144,6 +158,23 @@ class WorkerRuntime:
         writer.finalize(finals)
         writer.drop(read.dropped)
         return len(runnable)
+
+    def _count_attempts(
+        self,
+        writer: ResultWriter,
+        requests: Sequence[tuple[str, str, Request]],
+        ttl_s: float,
+        finals: list[Final],
+    ) -> list[tuple[str, str, Request]]:
+        """The requests still to try; those out of attempts go to ``finals`` as model_error."""
+        attempts = writer.count_device_deaths([entry_id for entry_id, _, _ in requests])
+        to_try = []
+        for (entry_id, raw, request), tries in zip(requests, attempts, strict=True):
+            if tries >= self.settings.batcher.max_attempts:
+                finals.append(gave_up_final(request, entry_id, tries, ttl_s))
+            else:
+                to_try.append((entry_id, raw, request))
+        return to_try
 
     def _sort_out(
         self,

@@ -369,3 +369,87 @@ def test_requests_reclaimed_from_a_process_that_did_not_run_them_count_no_attemp
     batcher.step()
     assert [len(task["args"][2]) for task in celery.sent] == [3]
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
+
+
+def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_device(
+    runtime: WorkerRuntime,
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """A batch redelivered after its worker died: requests the dead worker's device held count
+    an attempt (at max_attempts they get model_error, not another run); the rest run."""
+    add_worker(fake_redis)
+    ids = producer.submit_many("synthetic", ["on device", "waiting"])
+    batcher.step()
+    batcher.step()
+    model, batch_id, entries, reason = celery.sent[0]["args"]
+    on_device = entries[0][0]
+    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead"), 0, [on_device])
+    fake_redis.hset(KEYS.attempts("synthetic"), on_device, 2)
+    runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    error = stored_result(fake_redis, ids[0]).error
+    assert error is not None and "gave up after 3 attempts" in error.message
+    assert stored_result(fake_redis, ids[1]).output == expected_output("waiting")
+    assert fake_redis.xlen(STREAM) == 0
+    assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
+
+
+def test_a_redelivered_request_below_max_attempts_runs_alone_and_succeeds(
+    runtime: WorkerRuntime,
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """One death on the device is one attempt: the request runs again and is answered."""
+    add_worker(fake_redis)
+    (request_id,) = producer.submit_many("synthetic", ["on device"])
+    batcher.step()
+    batcher.step()
+    model, batch_id, entries, reason = celery.sent[0]["args"]
+    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead"), 0, [entries[0][0]])
+    runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    assert stored_result(fake_redis, request_id).output == expected_output("on device")
+
+
+class DyingModel(FailingModel):
+    """A model whose process dies on the input "die" (simulated: SystemExit escapes)."""
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        if "die" in batch:
+            raise SystemExit(3)
+        return [{"ok": item} for item in batch]
+
+
+def test_each_request_of_a_redelivered_batch_is_answered_before_the_next_runs(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """Run one at a time, an innocent request run before the one that kills the process keeps
+    its answer, and does not stay on the device to be counted as a suspect."""
+    settings = Settings(
+        models={"synthetic": ModelPolicy(backend=f"{__name__}:DyingModel", max_batch_size=4)}
+    )
+    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
+    celery = RecordingCelery()
+    batcher = ModelBatcher(
+        settings,
+        "synthetic",
+        client=fake_redis,
+        celery=celery,
+        consumer="b1",  # type: ignore[arg-type]
+    )
+    batcher._ensure_group()
+    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
+    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
+        innocent, _ = producer.submit_many("synthetic", ["fine", "die"])
+        add_worker(fake_redis)
+        batcher.step()
+        batcher.step()
+        model, batch_id, entries, reason = celery.sent[0]["args"]
+        with pytest.raises(SystemExit):
+            runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    assert stored_result(fake_redis, innocent).output == {"ok": "fine"}
+    held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
+    assert [entry["message_id"].decode() for entry in held] == [entries[1][0]]

@@ -1,0 +1,337 @@
+"""The chaos ledger: a real fleet under a fault, and the account of every request sent to it.
+
+A ``ChaosFleet`` owns a private ``redis-server`` (restartable on its port and data folder), a
+batcher and workers started through the CLI, and a ``WriteObserver`` that counts every write
+of every result key from Redis keyspace notifications. A ``Ledger`` sends requests and notes
+what the producer said at submit. After the fault is healed and the stream has drained,
+``ChaosFleet.account`` says for each accepted id how it ended:
+
+- ok / error (by code): its stored result;
+- lost: accepted, but no result was ever written;
+- duplicated: its result key was written more than once (two final answers);
+- wrong: an ok output that is not the echo of the request's own input;
+- re-executions: model runs beyond the first (allowed; the model records every run).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected
+from config.keys import Keys
+from config.schema import Result
+from config.settings import Settings, load_settings
+from producer.client import Producer
+from tests.chaos.ledger_model import read_executions
+from workers.local_fleet import LocalFleet
+from workers.local_redis import LocalRedis
+
+MODEL = "ledger"
+PREFIX = "chaos"
+# Production's ordering (soft < hard < visibility < lease, slots x hard < visibility), in
+# seconds instead of tens of seconds, so that recovery is quick.
+CHAOS_LIMITS = {
+    "BATCHFLEET_WORKER__SOFT_TIME_LIMIT_S": "1",
+    "BATCHFLEET_WORKER__TIME_LIMIT_S": "2",
+    "BATCHFLEET_WORKER__VISIBILITY_TIMEOUT_S": "5",
+    "BATCHFLEET_BATCHER__RECLAIM_LEASE_S": "6",
+}
+READY_TIMEOUT_S = 60.0
+
+
+class WriteObserver:
+    """Counts the writes of each result key, from ``SET`` keyspace events; resubscribes when
+    Redis comes back after a restart. A write made while it resubscribes can be missed: it can
+    then hide a duplicate, never invent one."""
+
+    def __init__(self, url: str, keys: Keys) -> None:
+        self.url = url
+        self.result_prefix = keys.result("")
+        self.writes: Counter[str] = Counter()
+        self.subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="write-observer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self.subscribed.wait(10):
+            raise BrokerUnavailable("the write observer could not subscribe")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe("__keyevent@0__:set")
+                self.subscribed.set()
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.2)
+                    if message is not None:
+                        self._count(message["data"].decode())
+            except redis.RedisError:
+                self.subscribed.clear()
+                self._stop.wait(0.05)
+            finally:
+                client.close()
+
+    def _count(self, key: str) -> None:
+        if key.startswith(self.result_prefix):
+            self.writes[key.removeprefix(self.result_prefix)] += 1
+
+
+@dataclass
+class Ledger:
+    """What was sent, and what the producer answered at submit."""
+
+    accepted: dict[str, Any] = field(default_factory=dict)
+    refused: Counter[str] = field(default_factory=Counter)
+    _next: int = 0
+
+    def new_input(self, **extra: Any) -> tuple[str, dict[str, Any]]:
+        self._next += 1
+        return f"c{self._next}", {"n": f"c{self._next}", **extra}
+
+    def send_new(self, producer: Producer, **extra: Any) -> str:
+        """Submits a fresh request (``{"n": id, **extra}``); returns its id."""
+        request_id, value = self.new_input(**extra)
+        self.send(producer, value, request_id)
+        return request_id
+
+    def send(
+        self, producer: Producer, value: dict[str, Any], request_id: str, **options: Any
+    ) -> bool:
+        """Submits one request; notes it accepted, or refused with its error's name."""
+        try:
+            producer.submit(MODEL, value, request_id=request_id, **options)
+        except RequestRejected as exc:
+            self.refused[type(exc).__name__] += 1
+            return False
+        except BrokerUnavailable:
+            self.refused["BrokerUnavailable"] += 1
+            return False
+        self.accepted[request_id] = value
+        return True
+
+    def open_loop(
+        self,
+        producer: Producer,
+        rate: float,
+        duration_s: float,
+        make_extra: Callable[[int], dict[str, Any]] | None = None,
+        **options: Any,
+    ) -> None:
+        """Poisson arrivals at ``rate`` per second for ``duration_s``, one submit each."""
+        rng = random.Random(len(self.accepted) + sum(self.refused.values()))
+        started = time.monotonic()
+        next_at = started
+        index = 0
+        while next_at - started < duration_s:
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            request_id, value = self.new_input(**(make_extra(index) if make_extra else {}))
+            self.send(producer, value, request_id, **options)
+            index += 1
+            next_at += rng.expovariate(rate)
+
+
+@dataclass(frozen=True)
+class LedgerReport:
+    """One scenario's account."""
+
+    scenario: str
+    accepted: int
+    ok: int
+    errors: dict[str, int]
+    refused: dict[str, int]
+    lost: list[str]
+    duplicated: list[str]
+    wrong: list[str]
+    reexecutions: int
+
+    def table(self) -> str:
+        def counts(values: dict[str, int]) -> str:
+            return ", ".join(f"{name} {count}" for name, count in sorted(values.items())) or "0"
+
+        return "\n".join(
+            [
+                f"ledger: {self.scenario}",
+                f"  accepted {self.accepted:>6}   ok {self.ok:>6}   errors {counts(self.errors)}",
+                f"  refused  {counts(self.refused)}",
+                f"  lost {len(self.lost)}   duplicated {len(self.duplicated)}   "
+                f"wrong {len(self.wrong)}   re-executions {self.reexecutions}",
+            ]
+        )
+
+
+class ChaosFleet:
+    """A private Redis, the processes of a fleet serving the ledger model, and its observer."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *redis_args: str,
+        policy: dict[str, Any] | None = None,
+        model_options: dict[str, Any] | None = None,
+        **env: str,
+    ) -> None:
+        self.redis = LocalRedis("--notify-keyspace-events", "E$", *redis_args)
+        self.executions_path = str(folder / "executions.log")
+        model = {
+            "backend": "tests.chaos.ledger_model:LedgerModel",
+            "options": {"executions_path": self.executions_path, **(model_options or {})},
+            **(policy or {}),
+        }
+        self.models = {MODEL: model}
+        self.keys = Keys(PREFIX)
+        self.settings: Settings = load_settings(
+            redis_url=self.redis.url, key_prefix=PREFIX, models=self.models
+        )
+        self.processes = LocalFleet(
+            {
+                "BATCHFLEET_REDIS_URL": self.redis.url,
+                "BATCHFLEET_KEY_PREFIX": PREFIX,
+                "BATCHFLEET_MODELS": json.dumps(self.models),
+                **CHAOS_LIMITS,
+                **env,
+            }
+        )
+        self.observer = WriteObserver(self.redis.url, self.keys)
+        self.client = redis.Redis.from_url(self.redis.url, socket_timeout=5)
+        self._supervisors: list[threading.Thread] = []
+        self.starts: Counter[str] = Counter()
+        self._closing = threading.Event()
+
+    def start(self) -> ChaosFleet:
+        self.redis.start()
+        self.observer.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        self.processes.stop_all()
+        for supervisor in self._supervisors:
+            supervisor.join(timeout=15)
+        self.processes.stop_all()  # what a supervisor started while the first pass ran
+        self.observer.stop()
+        self.client.close()
+        self.redis.stop()
+
+    def producer(self) -> Producer:
+        return Producer(self.settings)
+
+    def supervise(self, *args: str) -> None:
+        """Runs ``batchfleet ARGS`` and restarts it whenever it exits, as a supervisor does."""
+
+        def keep_running() -> None:
+            while not self._closing.is_set():
+                self.starts[" ".join(args)] += 1
+                self.processes.start(*args).wait()
+
+        thread = threading.Thread(target=keep_running, name=f"supervise {args}", daemon=True)
+        thread.start()
+        self._supervisors.append(thread)
+
+    def wait_ready(self, producer: Producer) -> None:
+        """Barrier: one request makes the whole path before the load starts."""
+        try:
+            producer.result(producer.submit(MODEL, {"n": "warmup"}), timeout_s=READY_TIMEOUT_S)
+        except BatchfleetError:
+            print(self.processes.logs())
+            raise
+
+    def backlog(self) -> int:
+        """Requests still in the stream: queued, running, or waiting to be reclaimed."""
+        return int(self.client.xlen(self.keys.requests(MODEL)))
+
+    def settle(self, timeout_s: float = 60.0) -> bool:
+        """Waits until every accepted request has left the stream (its answer written)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.backlog() == 0:
+                    return True
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def stored_results(self, request_ids: list[str]) -> dict[str, Result]:
+        stored = {}
+        for start in range(0, len(request_ids), 500):
+            chunk = request_ids[start : start + 500]
+            raws = self.client.mget([self.keys.result(request_id) for request_id in chunk])
+            for request_id, raw in zip(chunk, raws, strict=True):
+                if raw is not None:
+                    stored[request_id] = Result.model_validate_json(raw)
+        return stored
+
+    def account(self, scenario: str, ledger: Ledger) -> LedgerReport:
+        """The ledger's report after the fleet settled."""
+        ids = list(ledger.accepted)
+        stored = self.stored_results(ids)
+        writes = self.observer.writes
+        runs = Counter(read_executions(self.executions_path))
+        errors: Counter[str] = Counter(
+            result.error.code for result in stored.values() if result.error is not None
+        )
+        return LedgerReport(
+            scenario=scenario,
+            accepted=len(ids),
+            ok=sum(result.ok for result in stored.values()),
+            errors=dict(errors),
+            refused=dict(ledger.refused),
+            lost=[i for i in ids if i not in stored and writes[i] == 0],
+            duplicated=[i for i in ids if writes[i] > 1],
+            wrong=[
+                i
+                for i, result in stored.items()
+                if result.ok and result.output != {"echo": ledger.accepted[i]}
+            ],
+            reexecutions=sum(max(0, runs[i] - 1) for i in ids),
+        )
+
+
+def assert_nothing_lost(report: LedgerReport) -> None:
+    """The promise: every accepted id has exactly one final answer, and the right one."""
+    assert not report.lost, f"{len(report.lost)} lost, e.g. {report.lost[:5]}\n{report.table()}"
+    assert not report.duplicated, f"duplicated: {report.duplicated[:5]}\n{report.table()}"
+    assert not report.wrong, f"wrong outputs: {report.wrong[:5]}\n{report.table()}"
+    assert report.accepted > 0
+
+
+class Background:
+    """A load run in a thread while the scenario injects its fault; ``join`` re-raises what
+    the load raised."""
+
+    def __init__(self, target: Callable[[], None]) -> None:
+        self._target = target
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="chaos-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._target()
+        except BaseException as exc:
+            self._error = exc
+
+    def join(self, timeout_s: float = 120.0) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the load did not finish"
+        if self._error is not None:
+            raise self._error

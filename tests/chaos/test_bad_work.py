@@ -1,0 +1,94 @@
+"""Scenarios 6 and 7 of the ledger: batches past their time limits, and poison inputs that
+raise or kill their worker process."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from tests.chaos.harness import (
+    Background,
+    ChaosFleet,
+    Ledger,
+    LedgerReport,
+    assert_nothing_lost,
+)
+
+MakeFleet = Callable[..., ChaosFleet]
+Record = Callable[[LedgerReport], LedgerReport]
+MAX_ATTEMPTS = 3
+
+
+def test_batch_past_the_soft_limit_keeps_its_results(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """A batch that runs past the soft limit (1 s) but within the hard limit (2 s) finishes
+    with its results, and the worker's slots keep serving under load."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    fleet.processes.start("worker", "--cpu")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, 100, 5))
+        slow = ledger.send_new(producer, stall_s=1.4)
+        load.join()
+        assert producer.result(slow, timeout_s=30) == {"echo": ledger.accepted[slow]}
+    assert fleet.settle(timeout_s=60), fleet.processes.logs()
+    report = record(fleet.account("6a batch past the soft time limit", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+    assert "soft limit" in fleet.processes.logs()
+
+
+def test_batch_stuck_past_the_hard_limit(chaos_fleet: MakeFleet, record: Record) -> None:
+    """A model call stuck past the hard limit ends its worker (exit 70, restarted by its
+    supervisor); the stuck request is retried alone and ends model_error after max_attempts,
+    every other request is answered."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    fleet.supervise("worker", "--cpu", "--name", "w@chaos")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, 100, 5))
+        stuck = ledger.send_new(producer, stall_s=3600)
+        load.join()
+        outcome = producer.results([stuck], timeout_s=90)
+        (result,) = list(outcome)
+    assert fleet.settle(timeout_s=60), fleet.processes.logs()
+    report = record(fleet.account("6b batch stuck past the hard time limit", ledger))
+    assert_nothing_lost(report)
+    assert result.error is not None and result.error.code == "model_error"
+    assert report.errors == {"model_error": 1}
+    assert report.ok == report.accepted - 1
+    assert fleet.starts["worker --cpu --name w@chaos"] <= MAX_ATTEMPTS + 1
+    assert "past the hard limit" in fleet.processes.logs()
+
+
+def test_poison_inputs_fail_alone(chaos_fleet: MakeFleet, record: Record) -> None:
+    """Batches of 32 with poison at random positions: inputs on which the model raises, and one
+    that kills the worker process. Innocents all succeed; each poison ends model_error within
+    max_attempts; the worker is restarted a bounded number of times."""
+    fleet = chaos_fleet(policy={"max_batch_size": 32})
+    fleet.processes.start("batcher")
+    fleet.supervise("worker", "--cpu", "--name", "w@chaos")
+    ledger = Ledger()
+    rng = random.Random(7)
+    poison = {rng.randrange(32 * batch, 32 * (batch + 1)): "raise" for batch in range(3)}
+    poison[rng.randrange(96, 128)] = "exit"
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        ids = [
+            ledger.send_new(producer, **({"poison": poison[index]} if index in poison else {}))
+            for index in range(128)
+        ]
+        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    assert fleet.settle(timeout_s=30), fleet.processes.logs()
+    report = record(fleet.account("7 poison inputs (3 raise, 1 exit) in batches of 32", ledger))
+    assert_nothing_lost(report)
+    poisoned = {ids[index] for index in poison}
+    assert {i for i, r in results.items() if not r.ok} == poisoned
+    assert all(results[i].error.code == "model_error" for i in poisoned)
+    assert report.ok == 128 - len(poison)
+    assert fleet.starts["worker --cpu --name w@chaos"] <= MAX_ATTEMPTS + 1

@@ -1,0 +1,185 @@
+"""Scenarios 1, 2 and 12 of the ledger: workers and batchers killed or stopped under load, and
+a broken worker that proves the ledger sees loss."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import redis
+
+from config.keys import CONSUMER_GROUP, device_consumer
+from tests.chaos.harness import (
+    MODEL,
+    Background,
+    ChaosFleet,
+    Ledger,
+    LedgerReport,
+    assert_nothing_lost,
+)
+from workers.capacity import FleetState, worker_member
+
+MakeFleet = Callable[..., ChaosFleet]
+Record = Callable[[LedgerReport], LedgerReport]
+RATE = 100.0
+LOAD_S = 6.0
+
+
+def held_by(fleet: ChaosFleet, consumer: str) -> int:
+    """How many requests ``consumer`` holds in the stream (read, not yet answered)."""
+    try:
+        consumers = fleet.client.xinfo_consumers(fleet.keys.requests(MODEL), CONSUMER_GROUP)
+    except redis.ResponseError:
+        return 0
+    return sum(int(c["pending"]) for c in consumers if c["name"] in (consumer, consumer.encode()))
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Barrier on observable state."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.002)
+
+
+def under_load(fleet: ChaosFleet, ledger: Ledger, fault: Callable[[], None]) -> None:
+    """Runs the open-loop load, injects ``fault`` while it runs, and waits for the drain."""
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, RATE, LOAD_S))
+        fault()
+        load.join()
+    assert fleet.settle(timeout_s=60), f"backlog {fleet.backlog()}\n{fleet.processes.logs()}"
+
+
+def test_worker_killed_mid_batch_and_restarted(chaos_fleet: MakeFleet, record: Record) -> None:
+    """A worker SIGKILLed while a batch is on its device, then restarted under its name."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    victim = fleet.processes.start("worker", "--cpu", "--name", "victim@chaos")
+    ledger = Ledger()
+
+    def kill_and_restart() -> None:
+        wait_until(lambda: held_by(fleet, device_consumer("victim@chaos")) > 0)
+        fleet.processes.stop(victim, signal.SIGKILL)
+        fleet.processes.start("worker", "--cpu", "--name", "victim@chaos")
+
+    under_load(fleet, ledger, kill_and_restart)
+    report = record(fleet.account("1a worker SIGKILL mid-batch, restarted", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+    assert report.reexecutions > 0
+
+
+def test_worker_killed_mid_batch_while_another_remains(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """A worker SIGKILLed mid-batch and not restarted: the other worker answers everything."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    victim = fleet.processes.start("worker", "--cpu", "--name", "victim@chaos")
+    fleet.processes.start("worker", "--cpu", "--name", "survivor@chaos")
+    ledger = Ledger()
+
+    def kill() -> None:
+        wait_until(lambda: held_by(fleet, device_consumer("victim@chaos")) > 0)
+        fleet.processes.stop(victim, signal.SIGKILL)
+
+    under_load(fleet, ledger, kill)
+    report = record(fleet.account("1b worker SIGKILL mid-batch, another remains", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+
+
+def test_the_ledger_sees_loss_from_a_worker_that_acks_on_receipt(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """Control: a worker that acknowledges entries before writing results, killed mid-batch,
+    loses the requests on its device, and the ledger reports them lost."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    broken = fleet.processes.start(
+        "worker", "--cpu", "--name", "broken@chaos", module="tests.chaos.broken_worker"
+    )
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, RATE, 3))
+        wait_until(lambda: fleet.observer.writes.total() > 20)
+        fleet.processes.stop(broken, signal.SIGKILL)
+        fleet.processes.start("worker", "--cpu", "--name", "broken@chaos")
+        load.join()
+    fleet.settle(timeout_s=12)
+    report = record(fleet.account("control: ack on receipt, worker SIGKILL", ledger))
+    assert report.lost, report.table()
+
+
+def test_batcher_killed_after_read_before_dispatch(chaos_fleet: MakeFleet, record: Record) -> None:
+    """A batcher SIGKILLed while it holds requests it read and had not dispatched: restarted
+    under its name, it sends them at once."""
+    # The batcher sees one live worker that is busy and keeps a long window: it reads the
+    # requests and holds them for a fuller batch, undispatched.
+    fleet = chaos_fleet(policy={"late_binding": False, "max_wait_s": 60})
+    state = FleetState(fleet.client, fleet.keys, MODEL)
+    state.heartbeat(worker_member("busy@chaos", 2), ttl_s=60)
+    state.dispatched("running-batch")
+    batcher = fleet.processes.start("batcher", "--name", "b1")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        for _ in range(20):
+            ledger.send_new(producer)
+        wait_until(lambda: held_by(fleet, "b1") == 20)
+        fleet.processes.stop(batcher, signal.SIGKILL)
+        state.leave(worker_member("busy@chaos", 2))
+        state.undispatched("running-batch")
+        fleet.processes.start("worker", "--cpu")
+        fleet.processes.start("batcher", "--name", "b1")
+    assert fleet.settle(timeout_s=60), fleet.processes.logs()
+    report = record(fleet.account("2a batcher SIGKILL after read, before dispatch", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted == 20
+    assert report.reexecutions == 0
+
+
+def test_batcher_killed_under_load_and_replaced(chaos_fleet: MakeFleet, record: Record) -> None:
+    """A batcher SIGKILLed under load while it holds requests (published to Celery or not yet),
+    replaced by a batcher of another name: what it held is answered, what was published runs
+    once."""
+    fleet = chaos_fleet()
+    batcher = fleet.processes.start("batcher", "--name", "b1")
+    fleet.processes.start("worker", "--cpu")
+    ledger = Ledger()
+
+    def kill_and_replace() -> None:
+        wait_until(lambda: held_by(fleet, "b1") > 0)
+        fleet.processes.stop(batcher, signal.SIGKILL)
+        fleet.processes.start("batcher", "--name", "b2")
+
+    under_load(fleet, ledger, kill_and_replace)
+    report = record(fleet.account("2b batcher SIGKILL under load, another batcher", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+
+
+def test_workers_stopped_gracefully_in_turn(chaos_fleet: MakeFleet, record: Record) -> None:
+    """SIGTERM to each of two workers in turn under load, each restarted once it has exited:
+    running batches finish, nothing is lost."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    workers = {
+        name: fleet.processes.start("worker", "--cpu", "--name", name)
+        for name in ("w1@chaos", "w2@chaos")
+    }
+    ledger = Ledger()
+
+    def stop_each_in_turn() -> None:
+        for name, process in workers.items():
+            wait_until(lambda name=name: held_by(fleet, device_consumer(name)) > 0)
+            assert fleet.processes.stop(process, signal.SIGTERM) == 0
+            fleet.processes.start("worker", "--cpu", "--name", name)
+
+    under_load(fleet, ledger, stop_each_in_turn)
+    report = record(fleet.account("12 graceful SIGTERM of each worker in turn", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
