@@ -1,0 +1,125 @@
+"""Scenarios 9, 10 and 11 of the ledger: deadlines on a backlog, duplicate request ids, and
+the result TTL against a late duplicate execution."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from config.errors import RequestIdConflict, UnknownRequest
+from tests.chaos.harness import MODEL, ChaosFleet, Ledger, LedgerReport, assert_nothing_lost
+from tests.chaos.ledger_model import read_executions
+from workers.celery_app import RUN_BATCH_TASK, make_celery_app
+
+MakeFleet = Callable[..., ChaosFleet]
+Record = Callable[[LedgerReport], LedgerReport]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_a_backlog_past_its_deadlines_is_never_executed(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """Requests queued while no worker runs, whose deadlines pass before one starts, end
+    expired and never reach the model; requests with time left all run."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        short = [ledger.new_input() for _ in range(200)]
+        for request_id, value in short:
+            assert ledger.send(producer, value, request_id, deadline_s=0.5)
+        patient = [ledger.send_new(producer) for _ in range(50)]
+        time.sleep(0.6)  # the fault itself: the short deadlines pass while no worker runs
+        fleet.processes.start("worker", "--cpu")
+        fleet.wait_ready(producer)
+    assert fleet.settle(timeout_s=30), fleet.processes.logs()
+    report = record(fleet.account("9 backlog older than its deadlines", ledger))
+    assert_nothing_lost(report)
+    assert report.errors == {"expired": 200}
+    assert report.ok == len(patient)
+    assert not {request_id for request_id, _ in short} & set(read_executions(fleet.executions_path))
+
+
+def test_duplicate_request_ids_run_once_and_answer_alike(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """The same id and input sent while in flight, 50 times at once, and after completion:
+    accepted every time, executed once, one answer for every caller. The same id with another
+    input is refused."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    fleet.processes.start("worker", "--cpu")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        request_id, value = ledger.new_input(stall_s=0.5)
+        assert ledger.send(producer, value, request_id)
+        wait_until(lambda: request_id in read_executions(fleet.executions_path))
+        assert ledger.send(producer, value, request_id)  # while it runs
+        barrier = threading.Barrier(50)
+        accepted: Counter[bool] = Counter()
+
+        def resend() -> None:
+            barrier.wait()
+            accepted[ledger.send(producer, value, request_id)] += 1
+
+        senders = [threading.Thread(target=resend) for _ in range(50)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        answers = [producer.result(request_id, timeout_s=30) for _ in range(3)]
+        assert ledger.send(producer, value, request_id)  # after completion
+        with pytest.raises(RequestIdConflict):
+            producer.submit(MODEL, {**value, "other": True}, request_id=request_id)
+        assert producer.result(request_id, timeout_s=30) == answers[0]
+    assert accepted == {True: 50}
+    assert answers == [{"echo": value}] * 3
+    assert fleet.settle(timeout_s=30)
+    report = record(fleet.account("10 duplicate request ids", ledger))
+    assert_nothing_lost(report)
+    assert read_executions(fleet.executions_path).count(request_id) == 1
+    assert report.reexecutions == 0
+
+
+def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """Before result_ttl_s the result; after it UnknownRequest; and the same batch delivered
+    again after that runs the model but cannot write the result back."""
+    fleet = chaos_fleet(policy={"result_ttl_s": 1.5})
+    fleet.processes.start("batcher")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        request_id = ledger.send_new(producer)
+        ((entry_id, fields),) = fleet.client.xrange(fleet.keys.requests(MODEL))
+        fleet.processes.start("worker", "--cpu")
+        assert producer.result(request_id, timeout_s=30) == {"echo": ledger.accepted[request_id]}
+        wait_until(lambda: not fleet.client.exists(fleet.keys.result(request_id)))
+        with pytest.raises(UnknownRequest):
+            producer.result(request_id, timeout_s=5)
+        raw = next(iter(fields.values())).decode()
+        make_celery_app(fleet.settings).send_task(
+            RUN_BATCH_TASK,
+            args=[MODEL, "late-duplicate", [[entry_id.decode(), raw]], "size"],
+            queue=fleet.keys.celery_queue(MODEL),
+        )
+        wait_until(lambda: read_executions(fleet.executions_path).count(request_id) == 2)
+        owners = fleet.keys.inflight_owners(MODEL)  # the batch task is done when it leaves
+        wait_until(lambda: not fleet.client.hexists(owners, "late-duplicate"))
+        with pytest.raises(UnknownRequest):
+            producer.result(request_id, timeout_s=5)
+    report = record(fleet.account("11 result TTL, then a late duplicate execution", ledger))
+    assert fleet.observer.writes[request_id] == 1
+    assert not report.duplicated
+    assert report.reexecutions == 1
