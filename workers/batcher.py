@@ -119,10 +119,29 @@ class ModelBatcher:
             except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
                 log.warning("model %s: Redis unavailable (%s); retrying", self.model, exc)
                 stop.wait(RETRY_PAUSE_S)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    self._fail(stop)
+                    continue
+                # Redis came back without the stream: it restarted with no persistence. What
+                # this batcher held is gone with it; start over on the new, empty stream.
+                log.warning(
+                    "model %s: the request stream is gone (Redis lost its data); "
+                    "dropping %d held requests and starting over",
+                    self.model,
+                    len(self._pending),
+                )
+                self._pending.clear()
+                self._backlog_cursor = "0-0"
+                started = False
             except Exception:
-                log.exception("model %s: batcher failed", self.model)
-                self.failed = True
-                stop.set()
+                self._fail(stop)
+
+    def _fail(self, stop: threading.Event) -> None:
+        """A bug: logged with its traceback, and every batcher of the process stops."""
+        log.exception("model %s: batcher failed", self.model)
+        self.failed = True
+        stop.set()
 
     def step(self) -> Plan:
         """One turn: reclaim if due, expire, dispatch at most one batch, or wait for news."""

@@ -162,6 +162,7 @@ class LedgerReport:
     duplicated: list[str]
     wrong: list[str]
     reexecutions: int
+    notes: str = ""
 
     def table(self) -> str:
         def counts(values: dict[str, int]) -> str:
@@ -174,6 +175,7 @@ class LedgerReport:
                 f"  refused  {counts(self.refused)}",
                 f"  lost {len(self.lost)}   duplicated {len(self.duplicated)}   "
                 f"wrong {len(self.wrong)}   re-executions {self.reexecutions}",
+                *([f"  {self.notes}"] if self.notes else []),
             ]
         )
 
@@ -280,7 +282,7 @@ class ChaosFleet:
                     stored[request_id] = Result.model_validate_json(raw)
         return stored
 
-    def account(self, scenario: str, ledger: Ledger) -> LedgerReport:
+    def account(self, scenario: str, ledger: Ledger, notes: str = "") -> LedgerReport:
         """The ledger's report after the fleet settled."""
         ids = list(ledger.accepted)
         stored = self.stored_results(ids)
@@ -303,6 +305,7 @@ class ChaosFleet:
                 if result.ok and result.output != {"echo": ledger.accepted[i]}
             ],
             reexecutions=sum(max(0, runs[i] - 1) for i in ids),
+            notes=notes,
         )
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fakeredis
@@ -453,3 +454,52 @@ def test_each_request_of_a_redelivered_batch_is_answered_before_the_next_runs(
     assert stored_result(fake_redis, innocent).output == {"ok": "fine"}
     held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
     assert [entry["message_id"].decode() for entry in held] == [entries[1][0]]
+
+
+class RestartingRedisCelery(RecordingCelery):
+    """Records batches. At the first, Redis restarts empty and a new request arrives; at the
+    second, the batcher's loop is stopped."""
+
+    def __init__(self, stop: threading.Event, restart: Callable[[], None]) -> None:
+        super().__init__()
+        self.stop = stop
+        self.restart = restart
+
+    def send_task(self, name: str, args: list[Any], queue: str) -> None:
+        super().send_task(name, args, queue)
+        if len(self.sent) == 1:
+            self.restart()
+        else:
+            self.stop.set()
+
+
+def test_a_batcher_starts_over_when_redis_comes_back_empty(
+    settings: Settings, fake_redis: fakeredis.FakeRedis, producer: Producer
+) -> None:
+    """Redis restarted without persistence loses the stream and its group: the running batcher
+    recreates them and serves the requests that arrive next instead of failing."""
+    stop = threading.Event()
+    after: list[str] = []
+
+    def restart_empty() -> None:
+        fake_redis.flushall()
+        add_worker(fake_redis)
+        after.extend(producer.submit_many("synthetic", ["after the restart"]))
+
+    celery = RestartingRedisCelery(stop, restart_empty)
+    batcher = ModelBatcher(
+        settings,
+        "synthetic",
+        client=fake_redis,
+        celery=celery,
+        consumer="b1",  # type: ignore[arg-type]
+    )
+    add_worker(fake_redis)
+    producer.submit_many("synthetic", ["before"])
+    loop = threading.Thread(target=batcher.run, args=(stop,))
+    loop.start()
+    loop.join(timeout=10)
+    assert not loop.is_alive() and not batcher.failed
+    assert [len(task["args"][2]) for task in celery.sent] == [1, 1]
+    ((_, raw),) = celery.sent[1]["args"][2]
+    assert [Request.decode(raw).request_id] == after

@@ -1,0 +1,142 @@
+"""Scenarios 3, 4 and 5 of the ledger: Redis killed and restarted (with and without AOF), and
+Redis frozen (SIGSTOP) for a while."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from config.errors import BatchfleetError, BrokerUnavailable, UnknownRequest
+from producer.client import Producer
+from tests.chaos.harness import Background, ChaosFleet, Ledger, LedgerReport, assert_nothing_lost
+
+MakeFleet = Callable[..., ChaosFleet]
+Record = Callable[[LedgerReport], LedgerReport]
+AOF = ("--appendonly", "yes", "--appendfsync", "everysec")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+class Waiter:
+    """A caller blocked on one result in a thread; ``outcome`` is what it ended with."""
+
+    def __init__(self, producer: Producer, request_id: str) -> None:
+        self._outcome: object = None
+        self._done = Background(lambda: self._wait(producer, request_id))
+
+    def _wait(self, producer: Producer, request_id: str) -> None:
+        try:
+            self._outcome = producer.result(request_id, timeout_s=60)
+        except BatchfleetError as exc:
+            self._outcome = exc
+
+    def outcome(self) -> object:
+        self._done.join(timeout_s=30)
+        return self._outcome
+
+
+def test_redis_killed_and_restarted_with_aof_loses_nothing(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """Redis SIGKILLed under load and restarted on its AOF: submits meanwhile fail fast with
+    BrokerUnavailable, the batcher and worker reconnect by themselves, every accepted request
+    is answered."""
+    fleet = chaos_fleet(*AOF)
+    fleet.processes.start("batcher")
+    fleet.processes.start("worker", "--cpu")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, 100, 8))
+        wait_until(lambda: len(ledger.accepted) > 150)
+        waiting = ledger.send_new(producer, stall_s=2)
+        waiter = Waiter(producer, waiting)
+        fleet.redis.crash()
+        assert isinstance(waiter.outcome(), BrokerUnavailable)
+        wait_until(lambda: ledger.refused["BrokerUnavailable"] > 50)
+        fleet.redis.start()
+        load.join()
+        assert producer.result(waiting, timeout_s=60) == {"echo": ledger.accepted[waiting]}
+    assert fleet.settle(timeout_s=60), fleet.processes.logs()
+    report = record(fleet.account("3 Redis SIGKILL, restarted with AOF everysec", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+    assert all(process.poll() is None for process in fleet.processes.processes)
+
+
+def test_redis_restarted_without_persistence_strands_no_caller(
+    chaos_fleet: MakeFleet, record: Record
+) -> None:
+    """Redis restarted empty: what was queued is gone (expected), but a waiting caller gets a
+    typed error instead of hanging, asking again says UnknownRequest, and the fleet serves new
+    requests within seconds without any process restarted."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    fleet.processes.start("worker", "--cpu")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, 100, 3))
+        wait_until(lambda: len(ledger.accepted) > 100)
+        waiting = ledger.send_new(producer, stall_s=2)
+        waiter = Waiter(producer, waiting)
+        fleet.redis.crash()
+        fleet.redis.start()
+        assert isinstance(waiter.outcome(), BrokerUnavailable | UnknownRequest)
+        load.join()
+        with pytest.raises(UnknownRequest):
+            producer.result(waiting, timeout_s=10)
+        fresh = Ledger(_next=10_000)
+        recovered_at = time.monotonic()
+        fresh_ids = [fresh.send_new(producer) for _ in range(20)]
+        assert [producer.result(i, timeout_s=30) for i in fresh_ids] == [
+            {"echo": fresh.accepted[i]} for i in fresh_ids
+        ]
+        recovery_s = time.monotonic() - recovered_at
+    assert fleet.settle(timeout_s=30), fleet.processes.logs()
+    report = record(
+        fleet.account(
+            "4 Redis restarted with no persistence (loss expected)",
+            ledger,
+            notes=f"20 new requests answered {recovery_s:.1f} s after the restart",
+        )
+    )
+    assert not report.duplicated and not report.wrong
+    assert all(process.poll() is None for process in fleet.processes.processes)
+
+
+@pytest.mark.parametrize("frozen_s", [5, 30])
+def test_redis_frozen_writes_no_result_twice(
+    chaos_fleet: MakeFleet, record: Record, frozen_s: float
+) -> None:
+    """Redis stopped (SIGSTOP) under load for a while, then resumed: no result is written
+    twice, nothing accepted is lost, and work resumes."""
+    fleet = chaos_fleet()
+    fleet.processes.start("batcher")
+    fleet.processes.start("worker", "--cpu")
+    ledger = Ledger()
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, 100, 4))
+        wait_until(lambda: len(ledger.accepted) > 150)
+        fleet.redis.send_signal(signal.SIGSTOP)
+        time.sleep(frozen_s)  # the fault itself: Redis answers nobody for this long
+        fleet.redis.send_signal(signal.SIGCONT)
+        load.join()
+        after = [ledger.send_new(producer) for _ in range(20)]
+        assert [producer.result(i, timeout_s=60) for i in after] == [
+            {"echo": ledger.accepted[i]} for i in after
+        ]
+    assert fleet.settle(timeout_s=60), fleet.processes.logs()
+    report = record(fleet.account(f"5 Redis frozen (SIGSTOP) for {frozen_s} s", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+    assert all(process.poll() is None for process in fleet.processes.processes)
