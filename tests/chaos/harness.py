@@ -99,6 +99,7 @@ class Ledger:
 
     accepted: dict[str, Any] = field(default_factory=dict)
     refused: Counter[str] = field(default_factory=Counter)
+    refusal_s: list[float] = field(default_factory=list)
     _next: int = 0
 
     def new_input(self, **extra: Any) -> tuple[str, dict[str, Any]]:
@@ -114,11 +115,14 @@ class Ledger:
     def send(
         self, producer: Producer, value: dict[str, Any], request_id: str, **options: Any
     ) -> bool:
-        """Submits one request; notes it accepted, or refused with its error's name."""
+        """Submits one request; notes it accepted, or refused with its error's name (and how
+        long the refusal took)."""
+        started = time.monotonic()
         try:
             producer.submit(MODEL, value, request_id=request_id, **options)
         except RequestRejected as exc:
             self.refused[type(exc).__name__] += 1
+            self.refusal_s.append(time.monotonic() - started)
             return False
         except BrokerUnavailable:
             self.refused["BrokerUnavailable"] += 1
@@ -332,6 +336,10 @@ class Background:
             self._target()
         except BaseException as exc:
             self._error = exc
+
+    def join_for(self, seconds: float) -> None:
+        """Waits up to ``seconds`` for the load, without asserting that it ended."""
+        self._thread.join(seconds)
 
     def join(self, timeout_s: float = 120.0) -> None:
         self._thread.join(timeout_s)
