@@ -1,4 +1,4 @@
-"""Bad input against the real services: refused at the edge, or answered, never fatal."""
+"""The admission script on a real redis-server: dedupe, id conflicts, the queue cap, unknown ids."""
 
 from __future__ import annotations
 

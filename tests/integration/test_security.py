@@ -1,0 +1,116 @@
+"""Redis with TLS (certificate verified) and an ACL user, end to end; secrets stay out of logs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from config.errors import BrokerUnavailable
+from config.settings import load_settings
+from producer.client import Producer
+from workers.local_fleet import LocalFleet
+from workers.local_redis import LocalRedis, free_port
+
+PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
+
+
+def make_certificates(folder: Path) -> Path:
+    """A throwaway CA and a server certificate for 127.0.0.1 signed by it."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=folder, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+        "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", "server.key", "-out", "server.csr")  # fmt: skip
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "server.pem")  # fmt: skip
+    return folder
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A redis-server with a TLS port and an ACL user ``fleet``; yields the port's base URL
+    (``rediss://fleet:PASSWORD@127.0.0.1:PORT/0``) and the CA file."""
+    certs = make_certificates(tmp_path)
+    tls_port = free_port()
+    server = LocalRedis(
+        *("--tls-port", str(tls_port), "--tls-auth-clients", "no"),
+        *(
+            "--tls-cert-file",
+            str(certs / "server.pem"),
+            "--tls-key-file",
+            str(certs / "server.key"),
+        ),
+        *("--tls-ca-cert-file", str(certs / "ca.pem")),
+        *("--user", "fleet", "on", f">{PASSWORD}", "~*", "&*", "+@all"),
+    )
+    try:
+        server.start()
+    except BrokerUnavailable:
+        pytest.skip("this redis-server was built without TLS")
+    try:
+        yield f"rediss://fleet:{PASSWORD}@127.0.0.1:{tls_port}/0", certs / "ca.pem"
+    finally:
+        server.stop()
+
+
+def test_a_fleet_runs_over_tls_with_an_acl_user_and_never_logs_the_password(
+    tls_redis: tuple[str, Path],
+) -> None:
+    """Producer, batcher and worker all speak TLS, verify the server's certificate against the
+    given CA, and log in as an ACL user; the password appears in no log and no repr."""
+    base_url, ca_file = tls_redis
+    url = f"{base_url}?ssl_cert_reqs=required&ssl_ca_certs={ca_file}"
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    settings = load_settings(redis_url=url, key_prefix=prefix)
+    with LocalFleet({"BATCHFLEET_REDIS_URL": url, "BATCHFLEET_KEY_PREFIX": prefix}) as fleet:
+        fleet.start("batcher")
+        fleet.start("worker", "--cpu")
+        with Producer(settings) as producer:
+            outputs = producer.infer("synthetic", ["over", "tls"], timeout_s=60)
+        assert [output["echo"] for output in outputs] == ["over", "tls"]
+        fleet.stop_all()
+        logs = fleet.logs()
+    assert "Connected to rediss://fleet:**@127.0.0.1" in logs
+    assert PASSWORD not in logs
+    assert PASSWORD not in repr(settings) and PASSWORD not in json.dumps(
+        settings.model_dump(mode="json")
+    )
+
+
+def refusal(url: str) -> BrokerUnavailable:
+    """The error a producer raises at submit on ``url``."""
+    settings = load_settings(redis_url=url, key_prefix="refused")
+    with Producer(settings) as producer, pytest.raises(BrokerUnavailable) as refused:
+        producer.submit("synthetic", "x")
+    return refused.value
+
+
+def test_a_server_certificate_that_does_not_verify_is_refused(
+    tls_redis: tuple[str, Path],
+) -> None:
+    """Verification is on: a server whose CA the client was not given is refused."""
+    base_url, _ = tls_redis
+    error = refusal(f"{base_url}?ssl_cert_reqs=required")
+    assert "certificate verify failed" in str(error)
+    assert PASSWORD not in str(error)
+
+
+def test_a_wrong_password_is_refused_without_echoing_it(tls_redis: tuple[str, Path]) -> None:
+    """A wrong password is a typed error that names neither password."""
+    base_url, ca_file = tls_redis
+    wrong = base_url.replace(PASSWORD, "not-the-password")
+    error = refusal(f"{wrong}?ssl_cert_reqs=required&ssl_ca_certs={ca_file}")
+    assert PASSWORD not in str(error) and "not-the-password" not in str(error)
