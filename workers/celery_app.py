@@ -45,7 +45,10 @@ def make_celery_app(settings: Settings) -> Celery:
         visibility_timeout=worker.visibility_timeout_s,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A running batch can only be cancelled in a prefork child; asked to in the threads
+        # or solo pool, Celery 5.6 ends the worker instead. There the batch runs on, its answers
+        # are written once, and Celery's redelivery finds them already written.
+        worker_cancel_long_running_tasks_on_connection_loss=worker.pool == "prefork",
         worker_send_task_events=True,
         task_send_sent_event=True,
         worker_hijack_root_logger=False,

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected
-from config.keys import Keys
+from config.keys import CONSUMER_GROUP, Keys
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.client import Producer
@@ -319,6 +319,23 @@ def assert_nothing_lost(report: LedgerReport) -> None:
     assert not report.duplicated, f"duplicated: {report.duplicated[:5]}\n{report.table()}"
     assert not report.wrong, f"wrong outputs: {report.wrong[:5]}\n{report.table()}"
     assert report.accepted > 0
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Barrier on observable state: returns once ``condition`` holds, fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.002)
+
+
+def held_by(fleet: ChaosFleet, consumer: str) -> int:
+    """How many requests ``consumer`` holds in the stream (read, not yet answered)."""
+    try:
+        consumers = fleet.client.xinfo_consumers(fleet.keys.requests(MODEL), CONSUMER_GROUP)
+    except redis.ResponseError:
+        return 0
+    return sum(int(c["pending"]) for c in consumers if c["name"] in (consumer, consumer.encode()))
 
 
 class Background:

@@ -11,18 +11,18 @@ import pytest
 
 from config.errors import BatchfleetError, BrokerUnavailable, UnknownRequest
 from producer.client import Producer
-from tests.chaos.harness import Background, ChaosFleet, Ledger, LedgerReport, assert_nothing_lost
+from tests.chaos.harness import (
+    Background,
+    ChaosFleet,
+    Ledger,
+    LedgerReport,
+    assert_nothing_lost,
+    wait_until,
+)
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
 AOF = ("--appendonly", "yes", "--appendfsync", "everysec")
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 class Waiter:

@@ -11,19 +11,19 @@ from collections.abc import Callable
 import pytest
 
 from config.errors import RequestIdConflict, UnknownRequest
-from tests.chaos.harness import MODEL, ChaosFleet, Ledger, LedgerReport, assert_nothing_lost
+from tests.chaos.harness import (
+    MODEL,
+    ChaosFleet,
+    Ledger,
+    LedgerReport,
+    assert_nothing_lost,
+    wait_until,
+)
 from tests.chaos.ledger_model import read_executions
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 def test_a_backlog_past_its_deadlines_is_never_executed(
