@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.harness import ChaosFleet, LedgerReport
+from tests.chaos.harness import ChaosFleet
+from tests.chaos.ledger import LedgerReport
 
 REPORTS: list[LedgerReport] = []
 

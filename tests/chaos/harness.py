@@ -1,10 +1,10 @@
-"""The chaos ledger: a real fleet under a fault, and the account of every request sent to it.
+"""A real fleet under a fault, and the account of every request a ledger sent to it.
 
 A ``ChaosFleet`` owns a private ``redis-server`` (restartable on its port and data folder), a
 batcher and workers started through the CLI, and a ``WriteObserver`` that counts every write
-of every result key from Redis keyspace notifications. A ``Ledger`` sends requests and notes
-what the producer said at submit. After the fault is healed and the stream has drained,
-``ChaosFleet.account`` says for each accepted id how it ended:
+of every result key from Redis keyspace notifications. A ``Ledger`` (``ledger.py``) sends
+requests and notes what the producer said at submit. After the fault is healed and the stream
+has drained, ``ChaosFleet.account`` says for each accepted id how it ended:
 
 - ok / error (by code): its stored result;
 - lost: accepted, but no result was ever written;
@@ -15,28 +15,28 @@ what the producer said at submit. After the fault is healed and the stream has d
 
 from __future__ import annotations
 
+import contextlib
 import json
-import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected
+from config.errors import BatchfleetError, BrokerUnavailable
 from config.keys import CONSUMER_GROUP, Keys
-from config.schema import Result
+from config.schema import STREAM_FIELD, Result
 from config.settings import Settings, load_settings
 from producer.client import Producer
+from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
+from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 from workers.local_fleet import LocalFleet
 from workers.local_redis import LocalRedis
 
-MODEL = "ledger"
 PREFIX = "chaos"
 # Production's ordering (soft < hard < visibility < lease, slots x hard < visibility), in
 # seconds instead of tens of seconds, so that recovery is quick.
@@ -91,97 +91,6 @@ class WriteObserver:
     def _count(self, key: str) -> None:
         if key.startswith(self.result_prefix):
             self.writes[key.removeprefix(self.result_prefix)] += 1
-
-
-@dataclass
-class Ledger:
-    """What was sent, and what the producer answered at submit."""
-
-    accepted: dict[str, Any] = field(default_factory=dict)
-    refused: Counter[str] = field(default_factory=Counter)
-    refusal_s: list[float] = field(default_factory=list)
-    _next: int = 0
-
-    def new_input(self, **extra: Any) -> tuple[str, dict[str, Any]]:
-        self._next += 1
-        return f"c{self._next}", {"n": f"c{self._next}", **extra}
-
-    def send_new(self, producer: Producer, **extra: Any) -> str:
-        """Submits a fresh request (``{"n": id, **extra}``); returns its id."""
-        request_id, value = self.new_input(**extra)
-        self.send(producer, value, request_id)
-        return request_id
-
-    def send(
-        self, producer: Producer, value: dict[str, Any], request_id: str, **options: Any
-    ) -> bool:
-        """Submits one request; notes it accepted, or refused with its error's name (and how
-        long the refusal took)."""
-        started = time.monotonic()
-        try:
-            producer.submit(MODEL, value, request_id=request_id, **options)
-        except RequestRejected as exc:
-            self.refused[type(exc).__name__] += 1
-            self.refusal_s.append(time.monotonic() - started)
-            return False
-        except BrokerUnavailable:
-            self.refused["BrokerUnavailable"] += 1
-            return False
-        self.accepted[request_id] = value
-        return True
-
-    def open_loop(
-        self,
-        producer: Producer,
-        rate: float,
-        duration_s: float,
-        make_extra: Callable[[int], dict[str, Any]] | None = None,
-        **options: Any,
-    ) -> None:
-        """Poisson arrivals at ``rate`` per second for ``duration_s``, one submit each."""
-        rng = random.Random(len(self.accepted) + sum(self.refused.values()))
-        started = time.monotonic()
-        next_at = started
-        index = 0
-        while next_at - started < duration_s:
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            request_id, value = self.new_input(**(make_extra(index) if make_extra else {}))
-            self.send(producer, value, request_id, **options)
-            index += 1
-            next_at += rng.expovariate(rate)
-
-
-@dataclass(frozen=True)
-class LedgerReport:
-    """One scenario's account."""
-
-    scenario: str
-    accepted: int
-    ok: int
-    errors: dict[str, int]
-    refused: dict[str, int]
-    lost: list[str]
-    duplicated: list[str]
-    wrong: list[str]
-    reexecutions: int
-    notes: str = ""
-
-    def table(self) -> str:
-        def counts(values: dict[str, int]) -> str:
-            return ", ".join(f"{name} {count}" for name, count in sorted(values.items())) or "0"
-
-        return "\n".join(
-            [
-                f"ledger: {self.scenario}",
-                f"  accepted {self.accepted:>6}   ok {self.ok:>6}   errors {counts(self.errors)}",
-                f"  refused  {counts(self.refused)}",
-                f"  lost {len(self.lost)}   duplicated {len(self.duplicated)}   "
-                f"wrong {len(self.wrong)}   re-executions {self.reexecutions}",
-                *([f"  {self.notes}"] if self.notes else []),
-            ]
-        )
 
 
 class ChaosFleet:
@@ -239,6 +148,21 @@ class ChaosFleet:
 
     def producer(self) -> Producer:
         return Producer(self.settings)
+
+    def serve(self) -> None:
+        """Starts a batcher and one CPU worker."""
+        self.processes.start("batcher")
+        self.processes.start("worker", "--cpu")
+
+    def deliver_again(self, entry: tuple[bytes, dict[bytes, bytes]], batch_id: str) -> None:
+        """Publishes a batch task for a stream entry read earlier, as a late Celery redelivery
+        of a batch that already ran would."""
+        entry_id, fields = entry
+        make_celery_app(self.settings).send_task(
+            RUN_BATCH_TASK,
+            args=[MODEL, batch_id, [[entry_id.decode(), fields[STREAM_FIELD.encode()].decode()]]],
+            queue=self.keys.celery_queue(MODEL),
+        )
 
     def supervise(self, *args: str) -> None:
         """Runs ``batchfleet ARGS`` and restarts it whenever it exits, as a supervisor does."""
@@ -313,14 +237,6 @@ class ChaosFleet:
         )
 
 
-def assert_nothing_lost(report: LedgerReport) -> None:
-    """The promise: every accepted id has exactly one final answer, and the right one."""
-    assert not report.lost, f"{len(report.lost)} lost, e.g. {report.lost[:5]}\n{report.table()}"
-    assert not report.duplicated, f"duplicated: {report.duplicated[:5]}\n{report.table()}"
-    assert not report.wrong, f"wrong outputs: {report.wrong[:5]}\n{report.table()}"
-    assert report.accepted > 0
-
-
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
     """Barrier on observable state: returns once ``condition`` holds, fails after timeout_s."""
     deadline = time.monotonic() + timeout_s
@@ -363,3 +279,16 @@ class Background:
         assert not self._thread.is_alive(), "the load did not finish"
         if self._error is not None:
             raise self._error
+
+
+@contextlib.contextmanager
+def load_running(
+    fleet: ChaosFleet, ledger: Ledger, seconds: float, rate: float = 100.0
+) -> Iterator[tuple[Producer, Background]]:
+    """Once the fleet answers, an open-loop load at ``rate`` for ``seconds`` runs in the
+    background while the block injects its fault; it is joined, at the latest, on exit."""
+    with fleet.producer() as producer:
+        fleet.wait_ready(producer)
+        load = Background(lambda: ledger.open_loop(producer, rate, seconds))
+        yield producer, load
+        load.join()

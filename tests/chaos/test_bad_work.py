@@ -6,13 +6,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from tests.chaos.harness import (
-    Background,
-    ChaosFleet,
-    Ledger,
-    LedgerReport,
-    assert_nothing_lost,
-)
+from tests.chaos.harness import ChaosFleet, load_running
+from tests.chaos.ledger import Ledger, LedgerReport, assert_nothing_lost
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
@@ -25,14 +20,10 @@ def test_batch_past_the_soft_limit_keeps_its_results(
     """A batch that runs past the soft limit (1 s) but within the hard limit (2 s) finishes
     with its results, and the worker's slots keep serving under load."""
     fleet = chaos_fleet()
-    fleet.processes.start("batcher")
-    fleet.processes.start("worker", "--cpu")
+    fleet.serve()
     ledger = Ledger()
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 100, 5))
+    with load_running(fleet, ledger, seconds=5) as (producer, _):
         slow = ledger.send_new(producer, stall_s=1.4)
-        load.join()
         assert producer.result(slow, timeout_s=30) == {"echo": ledger.accepted[slow]}
     assert fleet.settle(timeout_s=60), fleet.processes.logs()
     report = record(fleet.account("6a batch past the soft time limit", ledger))
@@ -49,13 +40,9 @@ def test_batch_stuck_past_the_hard_limit(chaos_fleet: MakeFleet, record: Record)
     fleet.processes.start("batcher")
     fleet.supervise("worker", "--cpu", "--name", "w@chaos")
     ledger = Ledger()
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 100, 5))
+    with load_running(fleet, ledger, seconds=5) as (producer, _):
         stuck = ledger.send_new(producer, stall_s=3600)
-        load.join()
-        outcome = producer.results([stuck], timeout_s=90)
-        (result,) = list(outcome)
+        (result,) = list(producer.results([stuck], timeout_s=90))
     assert fleet.settle(timeout_s=60), fleet.processes.logs()
     report = record(fleet.account("6b batch stuck past the hard time limit", ledger))
     assert_nothing_lost(report)

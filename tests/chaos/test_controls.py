@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from tests.chaos.harness import MODEL, ChaosFleet, Ledger, LedgerReport, wait_until
+from tests.chaos.harness import ChaosFleet, wait_until
+from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
-from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
@@ -48,15 +48,10 @@ def test_the_ledger_reports_a_second_answer_from_a_worker_that_overwrites(
     ledger = Ledger()
     with fleet.producer() as producer:
         request_id = ledger.send_new(producer)
-        ((entry_id, fields),) = fleet.client.xrange(fleet.keys.requests(MODEL))
+        (entry,) = fleet.client.xrange(fleet.keys.requests(MODEL))
         fleet.processes.start("overwrite", "worker", "--cpu", module=BROKEN)
         producer.result(request_id, timeout_s=30)
-        raw = next(iter(fields.values())).decode()
-        make_celery_app(fleet.settings).send_task(
-            RUN_BATCH_TASK,
-            args=[MODEL, "again", [[entry_id.decode(), raw]], "size"],
-            queue=fleet.keys.celery_queue(MODEL),
-        )
+        fleet.deliver_again(entry, "again")
         wait_until(lambda: fleet.observer.writes[request_id] == 2)
     report = record(fleet.account("control: overwrites results, batch given again", ledger))
     assert report.duplicated == [request_id], report.table()

@@ -15,14 +15,8 @@ from kombu import Connection
 
 from config.errors import InvalidInput, RequestRejected
 from config.schema import STREAM_FIELD, Result
-from tests.chaos.harness import (
-    MODEL,
-    Background,
-    ChaosFleet,
-    Ledger,
-    LedgerReport,
-    assert_nothing_lost,
-)
+from tests.chaos.harness import ChaosFleet, load_running
+from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
 from workers.celery_app import RUN_BATCH_TASK
 from workers.load_stats import percentile
 
@@ -63,13 +57,10 @@ def test_a_flood_at_ten_times_capacity_is_refused_fast_and_memory_stays_flat(
         memory = {name: rss_bytes(process.pid) for name, process in processes.items()}
         samples.append({**memory, "redis": int(fleet.client.info("memory")["used_memory"])})
 
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 10 * CAPACITY, FLOOD_S))
+    with load_running(fleet, ledger, FLOOD_S, rate=10 * CAPACITY) as (_, load):
         for _ in range(6):  # every 5 s of the flood, from the ramp's end (the queue fills in 1 s)
             load.join_for(FLOOD_S / 6)
             sample()
-        load.join()
     assert fleet.settle(timeout_s=60), fleet.processes.logs()
     refusal_p99_ms = percentile(ledger.refusal_s, 99) * 1000
     growth = {name: samples[-1][name] - samples[0][name] for name in samples[0]}
@@ -138,9 +129,7 @@ def test_untrusted_input_is_refused_typed_and_harms_no_one(
     worker = fleet.processes.start("worker", "--cpu")
     ledger = Ledger()
     rng = random.Random(13)
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 100, 6))
+    with load_running(fleet, ledger, seconds=6) as (producer, _):
         for value, options, error in BAD_INPUTS:
             with pytest.raises(error):
                 producer.submit(MODEL, value, **options)
@@ -166,7 +155,6 @@ def test_untrusted_input_is_refused_typed_and_harms_no_one(
                     serializer="json",
                     headers={**headers, "id": str(uuid.uuid4())},
                 )
-        load.join()
     assert fleet.settle(timeout_s=60), fleet.processes.logs()
     report = record(fleet.account("13 untrusted input at every hop, under load", ledger))
     assert_nothing_lost(report)

@@ -6,43 +6,35 @@ import signal
 from collections.abc import Callable
 
 from config.keys import device_consumer
-from tests.chaos.harness import (
-    MODEL,
-    Background,
-    ChaosFleet,
-    Ledger,
-    LedgerReport,
-    assert_nothing_lost,
-    held_by,
-    wait_until,
-)
+from producer.client import Producer
+from tests.chaos.harness import ChaosFleet, held_by, load_running, wait_until
+from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
+from tests.chaos.ledger_model import read_executions
 from workers.capacity import FleetState, worker_member
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
-RATE = 100.0
 LOAD_S = 6.0
 
 
-def under_load(fleet: ChaosFleet, ledger: Ledger, fault: Callable[[], None]) -> None:
+def under_load(fleet: ChaosFleet, ledger: Ledger, fault: Callable[[Producer], None]) -> None:
     """Runs the open-loop load, injects ``fault`` while it runs, and waits for the drain."""
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, RATE, LOAD_S))
-        fault()
-        load.join()
+    with load_running(fleet, ledger, seconds=LOAD_S) as (producer, _):
+        fault(producer)
     assert fleet.settle(timeout_s=60), f"backlog {fleet.backlog()}\n{fleet.processes.logs()}"
 
 
 def test_worker_killed_mid_batch_and_restarted(chaos_fleet: MakeFleet, record: Record) -> None:
-    """A worker SIGKILLed while a batch is on its device, then restarted under its name."""
+    """A worker SIGKILLed while a batch is inside its model, then restarted under its name: the
+    batch runs again, every request is answered once."""
     fleet = chaos_fleet()
     fleet.processes.start("batcher")
     victim = fleet.processes.start("worker", "--cpu", "--name", "victim@chaos")
     ledger = Ledger()
 
-    def kill_and_restart() -> None:
-        wait_until(lambda: held_by(fleet, device_consumer("victim@chaos")) > 0)
+    def kill_and_restart(producer: Producer) -> None:
+        in_model = ledger.send_new(producer, stall_s=0.8)
+        wait_until(lambda: in_model in read_executions(fleet.executions_path))
         fleet.processes.stop(victim, signal.SIGKILL)
         fleet.processes.start("worker", "--cpu", "--name", "victim@chaos")
 
@@ -63,7 +55,7 @@ def test_worker_killed_mid_batch_while_another_remains(
     fleet.processes.start("worker", "--cpu", "--name", "survivor@chaos")
     ledger = Ledger()
 
-    def kill() -> None:
+    def kill(_: Producer) -> None:
         wait_until(lambda: held_by(fleet, device_consumer("victim@chaos")) > 0)
         fleet.processes.stop(victim, signal.SIGKILL)
 
@@ -109,7 +101,7 @@ def test_batcher_killed_under_load_and_replaced(chaos_fleet: MakeFleet, record: 
     fleet.processes.start("worker", "--cpu")
     ledger = Ledger()
 
-    def kill_and_replace() -> None:
+    def kill_and_replace(_: Producer) -> None:
         wait_until(lambda: held_by(fleet, "b1") > 0)
         fleet.processes.stop(batcher, signal.SIGKILL)
         fleet.processes.start("batcher", "--name", "b2")
@@ -131,7 +123,7 @@ def test_workers_stopped_gracefully_in_turn(chaos_fleet: MakeFleet, record: Reco
     }
     ledger = Ledger()
 
-    def stop_each_in_turn() -> None:
+    def stop_each_in_turn(_: Producer) -> None:
         for name, process in workers.items():
             wait_until(lambda name=name: held_by(fleet, device_consumer(name)) > 0)
             assert fleet.processes.stop(process, signal.SIGTERM) == 0

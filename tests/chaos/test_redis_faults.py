@@ -11,14 +11,8 @@ import pytest
 
 from config.errors import BatchfleetError, BrokerUnavailable, UnknownRequest
 from producer.client import Producer
-from tests.chaos.harness import (
-    Background,
-    ChaosFleet,
-    Ledger,
-    LedgerReport,
-    assert_nothing_lost,
-    wait_until,
-)
+from tests.chaos.harness import Background, ChaosFleet, load_running, wait_until
+from tests.chaos.ledger import Ledger, LedgerReport, assert_nothing_lost
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
@@ -50,14 +44,11 @@ def test_redis_killed_and_restarted_with_aof_loses_nothing(
     BrokerUnavailable, the batcher and worker reconnect by themselves, every accepted request
     is answered."""
     fleet = chaos_fleet(*AOF)
-    fleet.processes.start("batcher")
-    fleet.processes.start("worker", "--cpu")
+    fleet.serve()
     ledger = Ledger()
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 100, 8))
+    with load_running(fleet, ledger, seconds=8) as (producer, load):
         wait_until(lambda: len(ledger.accepted) > 150)
-        waiting = ledger.send_new(producer, stall_s=2)
+        waiting = ledger.send_new(producer, stall_s=0.8)
         waiter = Waiter(producer, waiting)
         fleet.redis.crash()
         assert isinstance(waiter.outcome(), BrokerUnavailable)
@@ -79,14 +70,11 @@ def test_redis_restarted_without_persistence_strands_no_caller(
     typed error instead of hanging, asking again says UnknownRequest, and the fleet serves new
     requests within seconds without any process restarted."""
     fleet = chaos_fleet()
-    fleet.processes.start("batcher")
-    fleet.processes.start("worker", "--cpu")
+    fleet.serve()
     ledger = Ledger()
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 100, 3))
+    with load_running(fleet, ledger, seconds=3) as (producer, load):
         wait_until(lambda: len(ledger.accepted) > 100)
-        waiting = ledger.send_new(producer, stall_s=2)
+        waiting = ledger.send_new(producer, stall_s=0.8)
         waiter = Waiter(producer, waiting)
         fleet.redis.crash()
         fleet.redis.start()
@@ -120,12 +108,9 @@ def test_redis_frozen_writes_no_result_twice(
     """Redis stopped (SIGSTOP) under load for a while, then resumed: no result is written
     twice, nothing accepted is lost, and work resumes."""
     fleet = chaos_fleet()
-    fleet.processes.start("batcher")
-    fleet.processes.start("worker", "--cpu")
+    fleet.serve()
     ledger = Ledger()
-    with fleet.producer() as producer:
-        fleet.wait_ready(producer)
-        load = Background(lambda: ledger.open_loop(producer, 100, 4))
+    with load_running(fleet, ledger, seconds=4) as (producer, load):
         wait_until(lambda: len(ledger.accepted) > 150)
         fleet.redis.send_signal(signal.SIGSTOP)
         time.sleep(frozen_s)  # the fault itself: Redis answers nobody for this long

@@ -11,16 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from config.errors import RequestIdConflict, UnknownRequest
-from tests.chaos.harness import (
-    MODEL,
-    ChaosFleet,
-    Ledger,
-    LedgerReport,
-    assert_nothing_lost,
-    wait_until,
-)
+from tests.chaos.harness import ChaosFleet, wait_until
+from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
 from tests.chaos.ledger_model import read_executions
-from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
@@ -57,8 +50,7 @@ def test_duplicate_request_ids_run_once_and_answer_alike(
     accepted every time, executed once, one answer for every caller. The same id with another
     input is refused."""
     fleet = chaos_fleet()
-    fleet.processes.start("batcher")
-    fleet.processes.start("worker", "--cpu")
+    fleet.serve()
     ledger = Ledger()
     with fleet.producer() as producer:
         fleet.wait_ready(producer)
@@ -102,18 +94,13 @@ def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
     ledger = Ledger()
     with fleet.producer() as producer:
         request_id = ledger.send_new(producer)
-        ((entry_id, fields),) = fleet.client.xrange(fleet.keys.requests(MODEL))
+        (entry,) = fleet.client.xrange(fleet.keys.requests(MODEL))
         fleet.processes.start("worker", "--cpu")
         assert producer.result(request_id, timeout_s=30) == {"echo": ledger.accepted[request_id]}
         wait_until(lambda: not fleet.client.exists(fleet.keys.result(request_id)))
         with pytest.raises(UnknownRequest):
             producer.result(request_id, timeout_s=5)
-        raw = next(iter(fields.values())).decode()
-        make_celery_app(fleet.settings).send_task(
-            RUN_BATCH_TASK,
-            args=[MODEL, "late-duplicate", [[entry_id.decode(), raw]], "size"],
-            queue=fleet.keys.celery_queue(MODEL),
-        )
+        fleet.deliver_again(entry, "late-duplicate")
         wait_until(lambda: read_executions(fleet.executions_path).count(request_id) == 2)
         owners = fleet.keys.inflight_owners(MODEL)  # the batch task is done when it leaves
         wait_until(lambda: not fleet.client.hexists(owners, "late-duplicate"))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fakeredis
@@ -229,10 +231,18 @@ def test_redelivered_batch_keeps_the_first_answer(
     assert {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids} == first
 
 
-def answers_of_backend(
-    client: fakeredis.FakeRedis, backend: str, inputs: Sequence[Any]
-) -> list[Result]:
-    """Runs ``inputs`` as one batch through a fleet serving ``backend``; their answers."""
+@dataclass
+class BackendFleet:
+    """A batcher, a worker runtime and a producer on one fakeredis, serving ``backend``."""
+
+    celery: RecordingCelery
+    batcher: ModelBatcher
+    runtime: WorkerRuntime
+    producer: Producer
+
+
+@contextlib.contextmanager
+def fleet_of_backend(client: fakeredis.FakeRedis, backend: str) -> Iterator[BackendFleet]:
     settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
     listen = fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
     celery = RecordingCelery()
@@ -240,14 +250,22 @@ def answers_of_backend(
         settings,
         "synthetic",
         client=client,
-        celery=celery,
-        consumer="b1",  # type: ignore[arg-type]
+        celery=celery,  # type: ignore[arg-type]
+        consumer="b1",
     )
     batcher._ensure_group()
     runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=client)
     with Producer(settings, client=client, listen_client=listen) as producer:
-        ids = producer.submit_many("synthetic", inputs)
-        run_one_batch(runtime, client, batcher, celery)
+        yield BackendFleet(celery, batcher, runtime, producer)
+
+
+def answers_of_backend(
+    client: fakeredis.FakeRedis, backend: str, inputs: Sequence[Any]
+) -> list[Result]:
+    """Runs ``inputs`` as one batch through a fleet serving ``backend``; their answers."""
+    with fleet_of_backend(client, backend) as fleet:
+        ids = fleet.producer.submit_many("synthetic", inputs)
+        run_one_batch(fleet.runtime, client, fleet.batcher, fleet.celery)
     assert client.xlen(STREAM) == 0
     return [stored_result(client, request_id) for request_id in ids]
 
@@ -429,28 +447,14 @@ def test_each_request_of_a_redelivered_batch_is_answered_before_the_next_runs(
 ) -> None:
     """Run one at a time, an innocent request run before the one that kills the process keeps
     its answer, and does not stay on the device to be counted as a suspect."""
-    settings = Settings(
-        models={"synthetic": ModelPolicy(backend=f"{__name__}:DyingModel", max_batch_size=4)}
-    )
-    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
-    celery = RecordingCelery()
-    batcher = ModelBatcher(
-        settings,
-        "synthetic",
-        client=fake_redis,
-        celery=celery,
-        consumer="b1",  # type: ignore[arg-type]
-    )
-    batcher._ensure_group()
-    runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=fake_redis)
-    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
-        innocent, _ = producer.submit_many("synthetic", ["fine", "die"])
+    with fleet_of_backend(fake_redis, f"{__name__}:DyingModel") as fleet:
+        innocent, _ = fleet.producer.submit_many("synthetic", ["fine", "die"])
         add_worker(fake_redis)
-        batcher.step()
-        batcher.step()
-        model, batch_id, entries, reason = celery.sent[0]["args"]
+        fleet.batcher.step()
+        fleet.batcher.step()
+        model, batch_id, entries, reason = fleet.celery.sent[0]["args"]
         with pytest.raises(SystemExit):
-            runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+            fleet.runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
     assert stored_result(fake_redis, innocent).output == {"ok": "fine"}
     held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
     assert [entry["message_id"].decode() for entry in held] == [entries[1][0]]
