@@ -141,6 +141,8 @@ class Result(BaseModel):
     schema_version: Literal[1] = 1
     request_id: str
     model: str
+    # The version the model reported (``Model.version``) for an output it computed.
+    model_version: str | None = None
     output: Any = None
     error: ErrorInfo | None = None
     batch_id: str | None = None

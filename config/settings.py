@@ -38,11 +38,27 @@ class ModelPolicy(BaseModel):
     # A batch waiting for its device tops itself up with newer requests when the device frees.
     # Off, batches close in the batcher: at max_batch_size, or when the oldest waited max_wait_s.
     late_binding: bool = True
+    # With a model that reports each input's cost (e.g. its tokens): a batch pays for its
+    # longest input times its size, and the batcher keeps it under max_batch_cost and/or
+    # fills it with inputs of similar cost (group_by_cost). Either turns late binding off:
+    # only the batcher, which sees the costs, forms batches.
+    max_batch_cost: int | None = Field(None, ge=1)
+    group_by_cost: bool = False
     max_queue_len: int = Field(100_000, ge=1)
     max_input_bytes: int = Field(MIB, ge=1)
     request_timeout_s: float = Field(60.0, gt=0)
     result_ttl_s: float = Field(3600.0, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def uses_costs(self) -> bool:
+        """Whether batches are formed by their inputs' costs."""
+        return self.max_batch_cost is not None or self.group_by_cost
+
+    @property
+    def tops_up(self) -> bool:
+        """Whether a batch waiting for its device takes newer requests (late binding)."""
+        return self.late_binding and not self.uses_costs
 
 
 class BatcherSettings(BaseModel):

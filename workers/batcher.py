@@ -26,6 +26,7 @@ from producer.client import connect
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 from workers.entries import StreamEntry, read_entries, to_text
+from workers.models.registry import cost_function
 from workers.policy import Pending, Plan, plan_batch
 from workers.results import ResultWriter, error_final, gave_up_final
 
@@ -39,6 +40,8 @@ PRECISE_BLOCK_S = 0.1
 # While every worker slot is busy, the unread backlog is scanned this often for requests past
 # their deadline, BACKLOG_SCAN_COUNT entries at a time, resuming where the last scan stopped.
 BACKLOG_SCAN_S = 0.2
+# Batches formed by cost choose among this many batches' worth of queued requests.
+COST_LOOKAHEAD_BATCHES = 4
 BACKLOG_SCAN_COUNT = 200
 RECLAIM_PAGE = 100
 RECLAIM_PAGES = 100
@@ -96,6 +99,10 @@ class ModelBatcher:
         self._writer = ResultWriter(client, self.keys, model)
         self._prune_consumers = client.register_script(PRUNE_CONSUMERS_SCRIPT)
         self._lease_s = settings.batcher.reclaim_lease_s
+        self._cost_of = cost_function(self.policy)
+        self._pool_size = self.policy.max_batch_size * (
+            COST_LOOKAHEAD_BATCHES if self.policy.uses_costs else 1
+        )
         self._pending: dict[str, Pending] = {}
         self._next_reclaim = 0.0
         self._next_backlog_scan = 0.0
@@ -160,10 +167,13 @@ class ModelBatcher:
             self._dispatch(plan.batch, plan.flush_reason)
             return plan
         wait_s = min(plan.wait_s if plan.wait_s is not None else MAX_BLOCK_S, MAX_BLOCK_S)
-        room = self.policy.max_batch_size - len(self._pending)
+        room = self._pool_size - len(self._pending)
         if free <= 0:
             # Unread requests stay in the stream, where a waiting batch takes them when its
-            # device frees (late binding); only their deadlines are watched from here.
+            # device frees (late binding); only their deadlines are watched from here. Batches
+            # formed by cost first fill the pool they choose from.
+            if self.policy.uses_costs:
+                self._take(self._read(count=room, block_s=None))
             if now >= self._next_backlog_scan:
                 self._next_backlog_scan = now + BACKLOG_SCAN_S
                 self._expire_backlog()
@@ -255,13 +265,26 @@ class ModelBatcher:
         """Holds the requests read; malformed entries end as ``invalid_input`` or are dropped."""
         now_mono, now_wall = monotonic(), time.time()
         read = read_entries(entries, self.model, self.policy.result_ttl_s)
-        given_up = []
+        refused = []
         for entry_id, raw, request in read.requests:
             if entry_id in self._pending:
                 continue
             tries = (attempts or {}).get(entry_id, 0)
             if tries >= self.settings.batcher.max_attempts:
-                given_up.append(gave_up_final(request, entry_id, tries, self.policy.result_ttl_s))
+                refused.append(gave_up_final(request, entry_id, tries, self.policy.result_ttl_s))
+                continue
+            cost = self._cost_of(request.input)
+            budget = self.policy.max_batch_cost
+            if budget is not None and cost > budget:
+                refused.append(
+                    error_final(
+                        request,
+                        entry_id,
+                        "invalid_input",
+                        f"input costs {cost}, over the model's max_batch_cost of {budget}",
+                        self.policy.result_ttl_s,
+                    )
+                )
                 continue
             entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
             self._pending[entry_id] = Pending(
@@ -271,8 +294,9 @@ class ModelBatcher:
                 arrived_at=now_mono - max(0.0, now_wall - entry_wall_s),
                 deadline_at=now_mono + (request.deadline_at - now_wall),
                 attempts=tries,
+                cost=cost,
             )
-        self._writer.finalize([*read.invalid, *given_up])
+        self._writer.finalize([*read.invalid, *refused])
         self._writer.drop(read.dropped)
 
     def _expire_backlog(self) -> None:

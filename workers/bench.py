@@ -47,6 +47,7 @@ class BenchConfig:
     base_ms: float = 20.0
     per_item_ms: float = 0.5
     threads: int | None = None
+    group_by_cost: bool = False
     gpus: int = 0
     baseline: bool = False
     out_dir: Path = Path("benchmarks/results")
@@ -72,7 +73,11 @@ class BenchConfig:
             threads = f", {self.threads} torch thread(s)" if self.threads else ""
             device = f"{self.gpus} GPU(s)" if self.gpus else f"the CPU{threads}"
             model = f"{self.backend} model on {device}"
-        return f"{model}, max batch {self.max_batch_size}, max wait {self.max_wait_s * 1000:g} ms"
+        grouping = ", grouped by cost" if self.group_by_cost else ""
+        return (
+            f"{model}, max batch {self.max_batch_size}, max wait {self.max_wait_s * 1000:g} ms"
+            + grouping
+        )
 
     def models(self) -> dict[str, dict[str, Any]]:
         if self.backend == "synthetic":
@@ -91,6 +96,7 @@ class BenchConfig:
                 **common,
                 "max_batch_size": self.max_batch_size,
                 "max_wait_s": self.max_wait_s,
+                "group_by_cost": self.group_by_cost,
             },
             self.unbatched_model: {**common, "max_batch_size": 1},
         }

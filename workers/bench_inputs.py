@@ -19,7 +19,8 @@ VOCABULARY = (
 )
 WORDS = VOCABULARY.split()
 MEDIAN_WORDS = 10
-MAX_WORDS = 48
+MIN_WORDS = 5
+MAX_WORDS = 40
 
 
 def synthetic_input(index: int) -> dict[str, int]:
@@ -27,12 +28,13 @@ def synthetic_input(index: int) -> dict[str, int]:
 
 
 def sentence_inputs(seed: int = 1) -> Callable[[int], str]:
-    """Sentences whose word counts are log-normal around ``MEDIAN_WORDS`` (3 to ``MAX_WORDS``):
+    """Sentences whose word counts are log-normal around ``MEDIAN_WORDS`` (``MIN_WORDS`` to
+    ``MAX_WORDS``):
     the mix of short queries and long passages that makes padding costly."""
     rng = random.Random(seed)
 
     def sentence(_index: int) -> str:
-        count = min(MAX_WORDS, max(3, round(rng.lognormvariate(0, 0.5) * MEDIAN_WORDS)))
+        count = min(MAX_WORDS, max(MIN_WORDS, round(rng.lognormvariate(0, 0.6) * MEDIAN_WORDS)))
         return " ".join(rng.choices(WORDS, k=count)).capitalize() + "."
 
     return sentence

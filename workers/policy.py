@@ -8,8 +8,10 @@ device is busy requests gather into fuller batches. Rules, in order:
    A request taken back from a process that died holding it rides alone (``isolated``),
    so that an input that kills its process cannot take innocent requests down with it.
 3. With a free slot, a batch of the oldest requests leaves when ``max_batch_size`` wait
-   (``size``), or when some worker has no batch at all (``idle``: holding would only idle
-   its device).
+   (``size``) or the next would take it past ``max_batch_cost`` (``budget``), or when some
+   worker has no batch at all (``idle``: holding would only idle its device). The oldest
+   request is always in the batch; with ``group_by_cost`` the others are those of the most
+   similar cost, not the next oldest (``choose``).
 4. With late binding (the default) any free slot takes what is queued now (``slot``): the
    batch waits in the worker and tops itself up with newer requests when its device frees,
    so an early send costs no batch size, while holding it here would cost the dispatch
@@ -28,7 +30,7 @@ from typing import Literal
 from config.schema import Request
 from config.settings import ModelPolicy
 
-FlushReason = Literal["size", "idle", "slot", "wait", "isolated"]
+FlushReason = Literal["size", "budget", "idle", "slot", "wait", "isolated"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Pending:
     arrived_at: float
     deadline_at: float
     attempts: int = 0
+    cost: int = 1
 
 
 @dataclass(frozen=True)
@@ -77,16 +80,46 @@ def plan_batch(
         suspect = next((item for item in live if item.attempts > 0), None)
         if suspect is not None:
             return Plan(expired, (suspect,), "isolated")
-        if len(live) >= policy.max_batch_size:
-            return Plan(expired, tuple(live[: policy.max_batch_size]), "size")
+        batch, full = choose(live, policy)
+        if full is not None:
+            return Plan(expired, batch, full)
         if idle_workers > 0:
-            return Plan(expired, tuple(live), "idle")
-        if policy.late_binding:
-            return Plan(expired, tuple(live), "slot")
+            return Plan(expired, batch, "idle")
+        if policy.tops_up:
+            return Plan(expired, batch, "slot")
         if oldest_wait_s >= policy.max_wait_s:
-            return Plan(expired, tuple(live), "wait")
+            return Plan(expired, batch, "wait")
     until_deadline_s = min(item.deadline_at for item in live) - now
     wait_s = until_deadline_s
     if free_slots > 0:
         wait_s = min(wait_s, policy.max_wait_s - oldest_wait_s)
     return Plan(expired=expired, wait_s=max(wait_s, 0.0))
+
+
+def padded_cost(batch: Sequence[Pending]) -> int:
+    """What a batch costs its device: its longest input, times its size (padding)."""
+    return max((item.cost for item in batch), default=0) * len(batch)
+
+
+def choose(
+    live: Sequence[Pending], policy: ModelPolicy
+) -> tuple[tuple[Pending, ...], FlushReason | None]:
+    """The next batch from ``live`` (oldest first), and ``size`` or ``budget`` when it is full.
+
+    The oldest request is always in it, so no request waits behind more than the requests
+    older than itself. The rest follow in arrival order, or with ``group_by_cost`` the ones
+    whose cost is nearest the oldest's (less padding); a request that would take the batch
+    past ``max_batch_cost`` is left for a later batch (TEI's rule).
+    """
+    anchor, rest = live[0], list(live[1:])
+    if policy.group_by_cost:
+        rest.sort(key=lambda item: (abs(item.cost - anchor.cost), item.arrived_at))
+    batch = [anchor]
+    budget = policy.max_batch_cost
+    for item in rest:
+        if len(batch) == policy.max_batch_size:
+            return tuple(batch), "size"
+        if budget is not None and padded_cost([*batch, item]) > budget:
+            return tuple(batch), "budget"
+        batch.append(item)
+    return tuple(batch), "size" if len(batch) == policy.max_batch_size else None

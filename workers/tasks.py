@@ -21,7 +21,7 @@ from producer.client import connect
 from workers.capacity import FleetState, slots_of, worker_member
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
-from workers.models.base import Model
+from workers.models.base import ItemError, Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final, gave_up_final
 
@@ -147,8 +147,8 @@ class WorkerRuntime:
                         {item[0]: flush_reason},
                     )
                 )
-        elif runnable or policy.late_binding:
-            fill_to = policy.max_batch_size if policy.late_binding else 0
+        elif runnable or policy.tops_up:
+            fill_to = policy.max_batch_size if policy.tops_up else 0
             late, runs = self._run_on_device(model_name, stream, runnable, fill_to, writer, finals)
             runnable += late
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
@@ -306,9 +306,10 @@ class WorkerRuntime:
         """One final answer per request of the model runs: its output, or ``model_error`` for
         the inputs that failed alone and the outputs that cannot travel as JSON."""
         finals = []
+        version = str(getattr(self.model(model_name), "version", "")) or None
         for run in runs:
             for (entry_id, request), output in zip(run.items, run.outputs, strict=True):
-                error = run.error or _unencodable(output)
+                error = run.error or _output_error(output)
                 if error is not None:
                     log.warning(
                         "batch %s: request %s failed: %s", batch_id, request.request_id, error
@@ -318,6 +319,7 @@ class WorkerRuntime:
                 result = Result(
                     request_id=request.request_id,
                     model=model_name,
+                    model_version=version,
                     output=output,
                     batch_id=batch_id,
                     batch_size=len(run.items),
@@ -366,8 +368,11 @@ def isolate_failures(
     return [ModelRun(items, outputs, None, time.monotonic() - started, time.time())]
 
 
-def _unencodable(output: Any) -> str | None:
-    """Why ``output`` cannot travel as JSON, or None when it can."""
+def _output_error(output: Any) -> str | None:
+    """Why ``output`` is no answer: the model's own ``ItemError``, or why it cannot travel as
+    JSON; None when it is fine."""
+    if isinstance(output, ItemError):
+        return output.message
     try:
         canonical_json(output)
     except InvalidInput as exc:

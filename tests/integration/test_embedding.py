@@ -42,3 +42,28 @@ def test_a_fleet_embeds_sentences_in_batches_and_isolates_a_bad_input(
         output = results[request_id].unwrap()
         assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
     assert max(results[request_id].batch_size for request_id in ids) > 8
+
+
+def test_a_fleet_batching_by_tokens_answers_all_and_refuses_an_input_over_the_budget(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """With batches grouped by token count under a token budget, every sentence gets its own
+    vector, and a text longer than the whole budget is answered invalid_input at once."""
+    policy = {**POLICY, "group_by_cost": True, "max_batch_cost": 200}
+    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"embed": policy}))
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    sentences = [sentence_inputs(seed=11)(index) for index in range(64)]
+    local = build_model("embed", ModelPolicy.model_validate(POLICY), "cpu")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet, "embed", warmup="warm up")
+        ids = producer.submit_many("embed", [*sentences, "word " * 500])
+        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    too_long = results[ids.pop()].error
+    assert too_long is not None and too_long.code == "invalid_input"
+    assert "over the model's max_batch_cost of 200" in too_long.message
+    for request_id, vector in zip(ids, local.predict(sentences), strict=True):
+        output = results[request_id].unwrap()
+        assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
+        assert results[request_id].model_version == "all-MiniLM-L6-v2/1"
+    assert max(results[request_id].batch_size for request_id in ids) > 4

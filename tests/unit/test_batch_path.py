@@ -20,7 +20,8 @@ from producer.admission import ProducerCore
 from producer.client import Producer
 from workers.batcher import ModelBatcher
 from workers.capacity import FleetState, worker_member
-from workers.models.synthetic import expected_output
+from workers.models.base import ItemError
+from workers.models.synthetic import SyntheticModel, expected_output
 from workers.tasks import WorkerRuntime
 
 KEYS = Keys("bf")
@@ -54,6 +55,13 @@ class ShortModel(FailingModel):
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
         return list(batch)[:-1]
+
+
+class ItemErrorModel(FailingModel):
+    """A model that answers "bad" with an ItemError and echoes the rest."""
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        return [ItemError("upstream refused it") if item == "bad" else item for item in batch]
 
 
 class PoisonModel(FailingModel):
@@ -200,7 +208,8 @@ def test_batch_task_writes_each_result_and_clears_the_ledger(
     batcher: ModelBatcher,
     celery: RecordingCelery,
 ) -> None:
-    """Every request gets its own output; the stream entries are acked and deleted."""
+    """Every request gets its own output, stamped with the model's version; the stream entries
+    are acked and deleted."""
     inputs = [{"n": 1}, "two", [3], None]
     ids = producer.submit_many("synthetic", inputs)
     run_one_batch(runtime, fake_redis, batcher, celery)
@@ -208,6 +217,7 @@ def test_batch_task_writes_each_result_and_clears_the_ledger(
         result = stored_result(fake_redis, request_id)
         assert result.output == expected_output(value)
         assert result.batch_size == 4
+        assert result.model_version == SyntheticModel.version
     assert fake_redis.xlen(STREAM) == 0
     delivered = {r.request_id: r.output for r in producer.results(ids, timeout_s=5)}
     assert delivered == {
@@ -507,3 +517,14 @@ def test_a_batcher_starts_over_when_redis_comes_back_empty(
     assert [len(task["args"][2]) for task in celery.sent] == [1, 1]
     ((_, raw),) = celery.sent[1]["args"][2]
     assert [Request.decode(raw).request_id] == after
+
+
+def test_an_item_error_fails_only_its_input(fake_redis: fakeredis.FakeRedis) -> None:
+    """A model that returns ItemError for one input: that caller gets model_error with the
+    message, the others their outputs, from one model call."""
+    answers = answers_of_backend(fake_redis, f"{__name__}:ItemErrorModel", ["a", "bad", "c"])
+    assert [answer.output for answer in answers] == ["a", None, "c"]
+    error = answers[1].error
+    assert error is not None and error.code == "model_error"
+    assert error.message == "upstream refused it"
+    assert answers[0].batch_size == 3

@@ -112,3 +112,12 @@ def test_embedding_options_out_of_range_are_refused_before_loading(options: Any)
     """A bad embedding option is a ConfigError at build time, naming the option."""
     with pytest.raises(ConfigError, match=next(iter(options))):
         build_model("embed", ModelPolicy(backend="embedding", options=options), "cpu")
+
+
+def test_an_embedding_input_costs_its_tokens(embedder: Model) -> None:
+    """cost() counts an input's tokens (no padding), caps them at max_tokens, and prices
+    anything that is not text at 1 for predict to refuse."""
+    cost = embedder.cost  # type: ignore[attr-defined]
+    assert 5 <= cost("A short sentence.") <= 8
+    assert cost("word " * 1000) == 256
+    assert cost(42) == 1

