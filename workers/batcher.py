@@ -41,7 +41,7 @@ PRECISE_BLOCK_S = 0.1
 # their deadline, BACKLOG_SCAN_COUNT entries at a time, resuming where the last scan stopped.
 BACKLOG_SCAN_S = 0.2
 # Batches formed by cost choose among this many batches' worth of queued requests.
-COST_LOOKAHEAD_BATCHES = 4
+COST_LOOKAHEAD_BATCHES = 64
 BACKLOG_SCAN_COUNT = 200
 RECLAIM_PAGE = 100
 RECLAIM_PAGES = 100
@@ -168,10 +168,10 @@ class ModelBatcher:
             return plan
         wait_s = min(plan.wait_s if plan.wait_s is not None else MAX_BLOCK_S, MAX_BLOCK_S)
         room = self._pool_size - len(self._pending)
-        if free <= 0:
+        if free <= 0 or (self.policy.uses_costs and self._pending):
             # Unread requests stay in the stream, where a waiting batch takes them when its
             # device frees (late binding); only their deadlines are watched from here. Batches
-            # formed by cost first fill the pool they choose from.
+            # formed by cost fill the pool they choose from, and wait for an idle device.
             if self.policy.uses_costs:
                 self._take(self._read(count=room, block_s=None))
             if now >= self._next_backlog_scan:

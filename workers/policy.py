@@ -17,7 +17,10 @@ device is busy requests gather into fuller batches. Rules, in order:
    so an early send costs no batch size, while holding it here would cost the dispatch
    time on the device's critical path (measured: benchmarks/README.md). Without late
    binding, a partial batch is held while every device is busy until the oldest request
-   has waited ``max_wait_s`` (``wait``).
+   has waited ``max_wait_s`` (``wait``). A batch formed by cost cannot be topped up (the
+   worker does not see costs): it is held until a device is idle (rule 3), gathering every
+   request that arrives meanwhile, since a small batch waiting in a worker would cost
+   throughput the padding saved.
 5. Otherwise the plan says how long until rule 1 or 4 can next fire.
 """
 
@@ -87,11 +90,11 @@ def plan_batch(
             return Plan(expired, batch, "idle")
         if policy.tops_up:
             return Plan(expired, batch, "slot")
-        if oldest_wait_s >= policy.max_wait_s:
+        if not policy.uses_costs and oldest_wait_s >= policy.max_wait_s:
             return Plan(expired, batch, "wait")
     until_deadline_s = min(item.deadline_at for item in live) - now
     wait_s = until_deadline_s
-    if free_slots > 0:
+    if free_slots > 0 and not policy.uses_costs:
         wait_s = min(wait_s, policy.max_wait_s - oldest_wait_s)
     return Plan(expired=expired, wait_s=max(wait_s, 0.0))
 

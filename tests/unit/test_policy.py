@@ -153,3 +153,13 @@ def test_costs_turn_late_binding_off() -> None:
     assert not ModelPolicy(group_by_cost=True).tops_up
     assert not ModelPolicy(max_batch_cost=512).tops_up
     assert not ModelPolicy(late_binding=False).tops_up
+
+
+def test_a_batch_formed_by_cost_waits_for_an_idle_device_not_for_a_free_slot() -> None:
+    """By cost, a partial batch is not sent into a slot behind a running batch (it could not
+    grow there); it leaves when a worker is idle, with every request queued by then."""
+    items = [pending(i, arrived_at=10.0 + i * 0.001, cost=5) for i in range(2)]
+    busy = plan_batch(items, GROUPED, now=11.0, free_slots=1, idle_workers=0)
+    assert busy.batch == () and busy.flush_reason is None
+    idle = plan_batch(items, GROUPED, now=11.0, free_slots=1, idle_workers=1)
+    assert idle.flush_reason == "idle" and ids(idle) == ["r0", "r1"]
