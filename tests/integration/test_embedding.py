@@ -13,6 +13,7 @@ from workers.local_fleet import LocalFleet
 from workers.models.registry import build_model
 
 from .conftest import producer_for, wait_ready
+from .test_cli import row, run_cli
 
 pytest.importorskip("torch", reason="the embedding extra is not installed")
 
@@ -67,3 +68,15 @@ def test_a_fleet_batching_by_tokens_answers_all_and_refuses_an_input_over_the_bu
         assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
         assert results[request_id].model_version == "all-MiniLM-L6-v2/1"
     assert max(results[request_id].batch_size for request_id in ids) > 4
+
+
+def test_the_demo_embeds_real_sentences_through_the_fleet() -> None:
+    """`batchfleet demo --model embedding` answers every sentence and reports batches."""
+    done = run_cli("demo", "--model", "embedding", "--requests", "96", "--baseline", "16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    batched = row(next(line for line in lines if line.startswith("batched")))
+    single = row(next(line for line in lines if line.startswith("one at a time")))
+    assert batched["done"] == "96/96" and single["done"] == "16/16"
+    assert float(batched["batch"]) > 1
+    assert "all-MiniLM-L6-v2" in lines[0]
