@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 BUILTIN_BACKENDS = {
     "synthetic": "workers.models.synthetic:SyntheticModel",
     "embedding": "workers.models.embedding:EmbeddingModel",
+    "openai": "workers.models.openai_http:OpenAIModel",
 }
 
 
