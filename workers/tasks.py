@@ -15,7 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, Keys, device_consumer, worker_consumer
-from config.schema import STREAM_FIELD, Request, Result, canonical_json
+from config.schema import STREAM_FIELD, ErrorCode, Request, Result, canonical_json
 from config.settings import Settings
 from producer.client import connect
 from workers.capacity import FleetState, slots_of, worker_member
@@ -303,18 +303,20 @@ class WorkerRuntime:
         ttl_s: float,
         reasons: dict[str, str | None],
     ) -> list[Final]:
-        """One final answer per request of the model runs: its output, or ``model_error`` for
-        the inputs that failed alone and the outputs that cannot travel as JSON."""
+        """One final answer per request of the model runs: its output, or an error for the
+        inputs that failed alone (the model's ``ItemError`` code, else ``model_error``) and
+        the outputs that cannot travel as JSON."""
         finals = []
         version = str(getattr(self.model(model_name), "version", "")) or None
         for run in runs:
             for (entry_id, request), output in zip(run.items, run.outputs, strict=True):
-                error = run.error or _output_error(output)
-                if error is not None:
+                failure = _output_error(output, run.error)
+                if failure is not None:
+                    code, message = failure
                     log.warning(
-                        "batch %s: request %s failed: %s", batch_id, request.request_id, error
+                        "batch %s: request %s failed: %s", batch_id, request.request_id, message
                     )
-                    finals.append(error_final(request, entry_id, "model_error", error, ttl_s))
+                    finals.append(error_final(request, entry_id, code, message, ttl_s))
                     continue
                 result = Result(
                     request_id=request.request_id,
@@ -368,15 +370,17 @@ def isolate_failures(
     return [ModelRun(items, outputs, None, time.monotonic() - started, time.time())]
 
 
-def _output_error(output: Any) -> str | None:
-    """Why ``output`` is no answer: the model's own ``ItemError``, or why it cannot travel as
-    JSON; None when it is fine."""
+def _output_error(output: Any, run_error: str | None) -> tuple[ErrorCode, str] | None:
+    """Why ``output`` is no answer: its model call failed, the model returned an
+    ``ItemError`` in its place, or it cannot travel as JSON; None when it is fine."""
+    if run_error is not None:
+        return "model_error", run_error
     if isinstance(output, ItemError):
-        return output.message
+        return output.code, output.message
     try:
         canonical_json(output)
     except InvalidInput as exc:
-        return f"output is not JSON: {exc}"
+        return "model_error", f"output is not JSON: {exc}"
     return None
 
 

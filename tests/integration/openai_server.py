@@ -4,7 +4,7 @@ on demand.
 It answers ``/v1/embeddings`` (vector ``[len(text), position]`` per input),
 ``/v1/chat/completions`` and ``/v1/completions`` (``"echo: " + prompt``, with usage). An input
 text steers it: ``fail-429:N:KEY`` and ``fail-500:N:KEY`` fail the first N calls carrying KEY
-(429s with ``Retry-After: 0.05``), ``slow:S`` answers after S seconds, ``malformed`` answers
+(429s with ``Retry-After: 0.05``), ``slow:S …`` answers after S seconds, ``malformed`` answers
 invalid JSON, ``short`` makes an embeddings answer drop its last vector. ``storm`` answers the
 next N calls of any kind with 429. It counts calls, and the most it served at once.
 """

@@ -24,7 +24,7 @@ def test_a_fleet_embeds_sentences_in_batches_and_isolates_a_bad_input(
     make_fleet: Callable[..., LocalFleet],
 ) -> None:
     """Sentences sent at once come back as the model's own vectors, each to its caller, from
-    batches of many; an input that is not a string gets model_error and harms no one."""
+    batches of many; an input that is not a string gets invalid_input and harms no one."""
     fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"embed": POLICY}))
     fleet.start("batcher")
     fleet.start("worker", "--cpu")
@@ -36,7 +36,7 @@ def test_a_fleet_embeds_sentences_in_batches_and_isolates_a_bad_input(
         results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
     bad_id = ids.pop(50)
     assert results[bad_id].error is not None
-    assert results[bad_id].error.code == "model_error"
+    assert results[bad_id].error.code == "invalid_input"
     assert "non-empty string" in results[bad_id].error.message
     expected = local.predict(sentences)
     for request_id, vector in zip(ids, expected, strict=True):

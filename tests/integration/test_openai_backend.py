@@ -127,7 +127,7 @@ def test_a_fleet_serves_an_openai_upstream(
     upstream: FakeUpstream, make_fleet: Callable[..., LocalFleet]
 ) -> None:
     """Through a real batcher and worker: embeddings batched into few calls, each caller its
-    own vector; a failed input is model_error for its caller alone."""
+    own vector; an input the upstream cannot take is invalid_input for its caller alone."""
     options = {"base_url": upstream.url, "model": "m", "api_key_env": "UPSTREAM_KEY"}
     policy = {"backend": "openai", "options": options}
     fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"up": policy}), UPSTREAM_KEY=KEY)
@@ -140,6 +140,6 @@ def test_a_fleet_serves_an_openai_upstream(
         results = {r.request_id: r for r in producer.results(ids, timeout_s=60)}
     assert [results[i].unwrap()[0] for i in ids[:-1]] == [float(len(t)) for t in texts]
     error = results[ids[-1]].error
-    assert error is not None and error.code == "model_error"
+    assert error is not None and error.code == "invalid_input"
     assert upstream.calls["/v1/embeddings"] < 20
     assert KEY not in fleet.logs()

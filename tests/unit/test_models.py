@@ -10,7 +10,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.settings import ModelPolicy
-from workers.models.base import Model
+from workers.models.base import ItemError, Model
 from workers.models.registry import build_model, load_class
 from workers.models.synthetic import SyntheticModel
 
@@ -100,9 +100,12 @@ def test_embeddings_place_similar_sentences_close(embedder: Model) -> None:
 
 @pytest.mark.parametrize("bad", ["", "   ", 42, {"text": "hi"}, None])
 def test_an_embedding_input_must_be_a_non_empty_string(embedder: Model, bad: Any) -> None:
-    """A non-string or empty input raises TypeError, which the worker isolates to that item."""
-    with pytest.raises(TypeError, match="non-empty string"):
-        embedder.predict(["fine", bad])
+    """A non-string or empty input gets an invalid_input error in its place; the text beside
+    it still gets its vector."""
+    fine, refused = embedder.predict(["fine", bad])
+    assert len(fine) == 384
+    assert isinstance(refused, ItemError) and refused.code == "invalid_input"
+    assert "non-empty string" in refused.message
 
 
 @pytest.mark.parametrize(

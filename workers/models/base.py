@@ -6,14 +6,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from config.schema import ErrorCode
+
 
 @dataclass(frozen=True)
 class ItemError:
-    """An output that says this one input failed (its caller gets ``model_error`` with
-    ``message``) while the rest of the batch succeeds: what a model returns in that input's
-    place instead of raising for the whole batch."""
+    """An output that says this one input failed while the rest of the batch succeeds: what a
+    model returns in that input's place instead of raising for the whole batch. Its caller
+    gets ``code`` (``invalid_input`` for an input the model cannot take, else
+    ``model_error``) with ``message``."""
 
     message: str
+    code: ErrorCode = "model_error"
 
 
 @runtime_checkable

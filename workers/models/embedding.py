@@ -13,6 +13,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from workers.models.base import ItemError
+
 MODEL_NAME = "all-MiniLM-L6-v2"
 MAX_POSITIONS = 512  # the model's position embeddings
 EXTRA_HINT = "install it with: pip install 'batchfleet[embedding]'"
@@ -79,21 +81,26 @@ class EmbeddingModel:
             self.tokenizer = tokenizer
         return min(len(self.tokenizer.encode(item).ids), self.max_tokens)
 
-    def predict(self, batch: Sequence[Any]) -> list[list[float]]:
-        """Embeds ``batch`` as one padded batch.
-
-        Raises:
-            TypeError: an input is not a non-empty string (the worker isolates it, the rest of
-                the batch still gets its vectors).
-        """
-        for item in batch:
-            if not isinstance(item, str) or not item.strip():
-                raise TypeError(f"an embedding input is a non-empty string, got {item!r:.60}")
-        vectors = self.encoder.encode(
-            list(batch),
-            batch_size=len(batch),
-            convert_to_numpy=True,
-            normalize_embeddings=self.normalize,
-            show_progress_bar=False,
-        )
-        return [vector.tolist() for vector in vectors]
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        """Embeds the batch's texts as one padded batch; an input that is not a non-empty
+        string gets an ``invalid_input`` error in its place."""
+        outputs: list[Any] = [
+            None
+            if isinstance(item, str) and item.strip()
+            else ItemError(
+                f"an embedding input is a non-empty string, got {item!r:.60}", "invalid_input"
+            )
+            for item in batch
+        ]
+        texts = [index for index, output in enumerate(outputs) if output is None]
+        if texts:
+            vectors = self.encoder.encode(
+                [batch[index] for index in texts],
+                batch_size=len(texts),
+                convert_to_numpy=True,
+                normalize_embeddings=self.normalize,
+                show_progress_bar=False,
+            )
+            for index, vector in zip(texts, vectors, strict=True):
+                outputs[index] = vector.tolist()
+        return outputs

@@ -100,7 +100,7 @@ class OpenAIModel:
         outputs: list[Any] = [
             None
             if isinstance(item, str) and item
-            else ItemError("input must be a non-empty string")
+            else ItemError("input must be a non-empty string", "invalid_input")
             for item in batch
         ]
         texts = [index for index, output in enumerate(outputs) if output is None]
@@ -130,7 +130,9 @@ class OpenAIModel:
         elif isinstance(item, dict) and item:
             body = {"model": self.model, **item}
         else:
-            return ItemError("input must be a non-empty string or an object of request fields")
+            return ItemError(
+                "input must be a non-empty string or an object of request fields", "invalid_input"
+            )
         answer = self._post(body)
         if isinstance(answer, ItemError):
             return answer
