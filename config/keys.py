@@ -16,6 +16,8 @@ key                         type    writer                    reader            
 ``bf:m:{model}:workers``    zset    worker (heartbeat)        batcher            pruned by score
 ``bf:m:{model}:attempts``   hash    batcher (reclaim)         batcher            fields HDEL'd
                                                                                  when final
+``bf:m:{model}:batch_cap``  string  worker (out of memory)    batcher, worker    none; DEL'd
+                                                                                 when back to max
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -85,6 +87,10 @@ class Keys:
     def attempts(self, model: str) -> str:
         """How often each stream entry was taken back from a process that died holding it."""
         return f"{self.prefix}:m:{model}:attempts"
+
+    def batch_cap(self, model: str) -> str:
+        """The largest batch the model's devices ran without running out of memory."""
+        return f"{self.prefix}:m:{model}:batch_cap"
 
     def request(self, request_id: str) -> str:
         """The admission record of a request id: model and input hash, for idempotency."""

@@ -23,6 +23,7 @@ from kombu.exceptions import OperationalError
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.settings import Settings
 from producer.client import connect
+from workers.batch_cap import BatchCap
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 from workers.entries import StreamEntry, read_entries, to_text
@@ -100,6 +101,7 @@ class ModelBatcher:
         self._prune_consumers = client.register_script(PRUNE_CONSUMERS_SCRIPT)
         self._lease_s = settings.batcher.reclaim_lease_s
         self._cost_of = cost_function(self.policy)
+        self._batch_cap = BatchCap(client, self.keys, model, self.policy.max_batch_size)
         self._pool_size = self.policy.max_batch_size * (
             COST_LOOKAHEAD_BATCHES if self.policy.uses_costs else 1
         )
@@ -158,8 +160,12 @@ class ModelBatcher:
             self._next_reclaim = now + self._lease_s / 4
         capacity = self._state.capacity(self._lease_s)
         free = capacity.free_slots(self.settings.batcher.batches_per_worker_slot)
+        cap = self._batch_cap.current()
+        policy = self.policy
+        if cap < policy.max_batch_size:  # a device ran out of memory at a larger batch
+            policy = policy.model_copy(update={"max_batch_size": cap})
         plan = plan_batch(
-            list(self._pending.values()), self.policy, monotonic(), free, capacity.idle_workers
+            list(self._pending.values()), policy, monotonic(), free, capacity.idle_workers
         )
         if plan.expired:
             self._expire(plan.expired)

@@ -18,6 +18,7 @@ from config.keys import CONSUMER_GROUP, Keys, device_consumer, worker_consumer
 from config.schema import STREAM_FIELD, ErrorCode, Request, Result, canonical_json
 from config.settings import Settings
 from producer.client import connect
+from workers.batch_cap import BatchCap, is_out_of_memory
 from workers.capacity import FleetState, slots_of, worker_member
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
@@ -46,6 +47,7 @@ class WorkerRuntime:
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
         self._models: dict[str, Model] = {}
+        self._caps: dict[str, BatchCap] = {}
         self._load_lock = threading.Lock()
         # One device per process: batch slots overlap decoding and result writing, never
         # model work, so the next batch is ready the moment the device frees.
@@ -148,7 +150,7 @@ class WorkerRuntime:
                     )
                 )
         elif runnable or policy.tops_up:
-            fill_to = policy.max_batch_size if policy.tops_up else 0
+            fill_to = self.batch_cap(model_name).current() if policy.tops_up else 0
             late, runs = self._run_on_device(model_name, stream, runnable, fill_to, writer, finals)
             runnable += late
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
@@ -215,7 +217,7 @@ class WorkerRuntime:
         """Takes the device, tops ``items`` up to ``fill_to`` with late joiners, and runs them;
         returns the late joiners and the model runs. The lock is held for the model only:
         answers are built after it frees."""
-        predict = self._timed(self.model(model_name))
+        predict = self._timed(self.model(model_name), self.batch_cap(model_name))
         confirm = _nothing
         try:
             with self._device_lock:
@@ -283,17 +285,34 @@ class WorkerRuntime:
         writer.drop(read.dropped)
         return self._sort_out(read.requests, [False] * len(read.requests), ttl_s, finals)
 
-    def _timed(self, model: Model) -> Callable[[list[Any]], Sequence[Any]]:
-        """``model.predict``, with the watchdog told how long each call has been running."""
+    def _timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
+        """``model.predict``, with the watchdog told how long each call has been running, and
+        the model's batch cap told of each success and out-of-memory error."""
 
         def predict(inputs: list[Any]) -> Sequence[Any]:
             self._busy_since = time.monotonic()
             try:
-                return model.predict(inputs)
+                outputs = model.predict(inputs)
+            except Exception as exc:
+                if is_out_of_memory(exc):
+                    cap.out_of_memory(len(inputs))
+                raise
             finally:
                 self._busy_since = None
+            cap.succeeded(len(inputs))
+            return outputs
 
         return predict
+
+    def batch_cap(self, model_name: str) -> BatchCap:
+        """The model's batch cap, as this process tracks it."""
+        with self._load_lock:
+            if model_name not in self._caps:
+                policy = self.settings.policy(model_name)
+                self._caps[model_name] = BatchCap(
+                    self.client, self.keys, model_name, policy.max_batch_size
+                )
+            return self._caps[model_name]
 
     def _answers(
         self,
