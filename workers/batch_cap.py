@@ -23,6 +23,13 @@ local cap = tonumber(redis.call('GET', KEYS[1]) or '0')
 if cap == 0 or tonumber(ARGV[1]) < cap then redis.call('SET', KEYS[1], ARGV[1]) end
 return tonumber(redis.call('GET', KEYS[1]))
 """
+# KEYS: cap; ARGV: the cap the raise was computed from, the raised cap ('' = no cap). Raises
+# only if nobody lowered the cap meanwhile.
+RAISE_SCRIPT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2]) end
+return 1
+"""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -40,6 +47,7 @@ class BatchCap:
         self._model = model
         self._max = max_batch_size
         self._lower = client.register_script(LOWER_SCRIPT)
+        self._raise = client.register_script(RAISE_SCRIPT)
         self._lock = threading.Lock()
         self._at_cap = 0
         self._cap = max_batch_size
@@ -47,24 +55,35 @@ class BatchCap:
 
     def current(self) -> int:
         """The cap (``max_batch_size`` when none is set), read from Redis at most once every
-        ``REFRESH_S``: a batch path pays no round trip for it."""
+        ``REFRESH_S``: a batch path pays no round trip for it. Redis being away keeps the last
+        value read."""
         now = time.monotonic()
         if now - self._read_at >= REFRESH_S:
-            value = self._client.get(self._key)
-            self._cap = min(self._max, int(value)) if value else self._max
             self._read_at = now
+            try:
+                value = self._client.get(self._key)
+            except redis.RedisError as exc:
+                log.warning("model %s: batch cap not read: %s", self._model, exc)
+                return self._cap
+            self._cap = min(self._max, int(value)) if value else self._max
         return self._cap
 
-    def out_of_memory(self, size: int) -> int:
-        """A batch of ``size`` ran out of memory: the cap drops to half of it."""
-        cap = int(self._lower(keys=[self._key], args=[max(1, size // 2)]))
+    def out_of_memory(self, size: int) -> None:
+        """A batch of ``size`` (more than one input) ran out of memory: the cap drops to half
+        of it. One input too big for the device says nothing about batches: no change."""
+        if size < 2:
+            return
+        try:
+            cap = int(self._lower(keys=[self._key], args=[size // 2]))
+        except redis.RedisError as exc:
+            log.warning("model %s: batch cap not lowered: %s", self._model, exc)
+            cap = min(self._cap, size // 2)
         with self._lock:
             self._at_cap = 0
             self._cap, self._read_at = cap, time.monotonic()
         log.warning(
             "model %s ran out of memory at batch %d: batches capped at %d", self._model, size, cap
         )
-        return cap
 
     def succeeded(self, size: int) -> None:
         """A batch of ``size`` ran; enough of them in a row at the cap raise it."""
@@ -77,10 +96,12 @@ class BatchCap:
                 return
             self._at_cap = 0
         cap = current + max(1, current // 8)
-        if cap >= self._max:
-            self._client.delete(self._key)
-        else:
-            self._client.set(self._key, cap)
-        with self._lock:
-            self._cap, self._read_at = min(cap, self._max), time.monotonic()
-        log.info("model %s: batch cap raised to %d", self._model, min(cap, self._max))
+        try:
+            raised = self._raise(keys=[self._key], args=[current, "" if cap >= self._max else cap])
+        except redis.RedisError as exc:
+            log.warning("model %s: batch cap not raised: %s", self._model, exc)
+            return
+        if raised:
+            with self._lock:
+                self._cap, self._read_at = min(cap, self._max), time.monotonic()
+            log.info("model %s: batch cap raised to %d", self._model, min(cap, self._max))

@@ -129,7 +129,7 @@ class ModelBatcher:
                 log.warning("model %s: Redis unavailable (%s); retrying", self.model, exc)
                 stop.wait(RETRY_PAUSE_S)
             except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
                     self._fail(stop)
                     continue
                 # Redis came back without the stream: it restarted with no persistence. What

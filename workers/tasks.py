@@ -286,15 +286,19 @@ class WorkerRuntime:
         return self._sort_out(read.requests, [False] * len(read.requests), ttl_s, finals)
 
     def _timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
-        """``model.predict``, with the watchdog told how long each call has been running, and
-        the model's batch cap told of each success and out-of-memory error."""
+        """``model.predict`` for one batch and its bisection, with the watchdog told how long
+        each call has been running, and the model's batch cap told of successes and of the
+        first out-of-memory error (the bisection's later ones are its own halves)."""
+        lowered = False
 
         def predict(inputs: list[Any]) -> Sequence[Any]:
+            nonlocal lowered
             self._busy_since = time.monotonic()
             try:
                 outputs = model.predict(inputs)
             except Exception as exc:
-                if is_out_of_memory(exc):
+                if not lowered and is_out_of_memory(exc):
+                    lowered = True
                     cap.out_of_memory(len(inputs))
                 raise
             finally:
@@ -395,7 +399,8 @@ def _output_error(output: Any, run_error: str | None) -> tuple[ErrorCode, str] |
     if run_error is not None:
         return "model_error", run_error
     if isinstance(output, ItemError):
-        return output.code, output.message
+        code = output.code if output.code in ("invalid_input", "model_error") else "model_error"
+        return code, str(output.message)
     try:
         canonical_json(output)
     except InvalidInput as exc:

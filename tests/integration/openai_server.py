@@ -5,8 +5,9 @@ It answers ``/v1/embeddings`` (vector ``[len(text), position]`` per input),
 ``/v1/chat/completions`` and ``/v1/completions`` (``"echo: " + prompt``, with usage). An input
 text steers it: ``fail-429:N:KEY`` and ``fail-500:N:KEY`` fail the first N calls carrying KEY
 (429s with ``Retry-After: 0.05``), ``slow:S …`` answers after S seconds, ``malformed`` answers
-invalid JSON, ``short`` makes an embeddings answer drop its last vector. ``storm`` answers the
-next N calls of any kind with 429. It counts calls, and the most it served at once.
+invalid JSON, ``echo-key-400`` a 400 whose body echoes the Authorization header, ``short``
+makes an embeddings answer drop its last vector. ``storm`` answers the next N calls of any
+kind with 429. It counts calls, and the most it served at once.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class Handler(BaseHTTPRequestHandler):
         status = self.server.should_fail(texts)
         if status is not None:
             self._send(status, b'{"error": {"message": "try again"}}', {"Retry-After": "0.05"})
+        elif "echo-key-400" in texts:
+            self._send(400, f"bad request from {self.headers['Authorization']}".encode())
         elif "malformed" in texts:
             self._send(200, b'{"data": [')
         elif self.path == "/v1/embeddings":

@@ -123,6 +123,24 @@ def test_malformed_and_slow_answers_fail_their_input_with_a_clear_error(
     assert KEY not in caplog.text and KEY not in json.dumps(found)
 
 
+def test_an_upstream_that_echoes_the_key_has_it_masked(upstream: FakeUpstream) -> None:
+    """An error body that repeats the Authorization header reaches the caller masked."""
+    (refused,) = backend(upstream, "chat").predict(["echo-key-400"])
+    assert isinstance(refused, ItemError)
+    assert refused.message == "HTTP 400: bad request from Bearer ***"
+
+
+def test_a_batch_shares_one_budget_across_its_calls_and_retries(upstream: FakeUpstream) -> None:
+    """Slow answers cannot hold a batch past budget_s: each call's timeout shrinks to what is
+    left, and the calls still queued when it is spent fail without being sent, so the worker's
+    time limits are never reached."""
+    model = backend(upstream, "chat", budget_s=0.5, timeout_s=0.3, max_concurrency=2)
+    messages = list(errors(model.predict([f"slow:2 {i}" for i in range(6)])).values())
+    assert len(messages) == 6
+    assert any("ReadTimeout" in message for message in messages)
+    assert any("budget_s was spent" in message for message in messages)
+
+
 def test_a_fleet_serves_an_openai_upstream(
     upstream: FakeUpstream, make_fleet: Callable[..., LocalFleet]
 ) -> None:

@@ -30,6 +30,15 @@ class SmallDeviceModel:
         return list(batch)
 
 
+class TinyDeviceModel(SmallDeviceModel):
+    """Holds one input at a time."""
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        if len(batch) > 1:
+            raise RuntimeError("CUDA out of memory")
+        return list(batch)
+
+
 def test_an_out_of_memory_batch_is_halved_and_the_cap_is_shared(
     fake_redis: fakeredis.FakeRedis,
 ) -> None:
@@ -57,7 +66,8 @@ def test_the_cap_rises_by_an_eighth_after_a_run_of_successes_and_is_forgotten_at
 ) -> None:
     """RAISE_AFTER batches in a row at the cap raise it; back at max_batch_size it is deleted."""
     cap = BatchCap(fake_redis, KEYS, "m", max_batch_size=32)
-    assert cap.out_of_memory(33) == 16
+    cap.out_of_memory(33)
+    assert cap.current() == 16
     for _ in range(RAISE_AFTER):
         cap.succeeded(16)
     assert cap.current() == 18
@@ -76,3 +86,16 @@ def test_out_of_memory_is_recognised_by_type_or_message() -> None:
     assert is_out_of_memory(out_of_memory("boom"))
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate"))
     assert not is_out_of_memory(ValueError("bad input"))
+
+
+def test_one_model_call_lowers_the_cap_once_and_one_input_never_does(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """A batch of 4 that runs out of memory halves the cap to 2 once, though its bisection runs
+    out of memory again at 2; an input too big alone leaves the cap where it is."""
+    answers = answers_of_backend(fake_redis, f"{__name__}:TinyDeviceModel", list("abcd"))
+    assert all(answer.ok for answer in answers)
+    assert fake_redis.get(KEYS.batch_cap("synthetic")) == b"2"
+    cap = BatchCap(fake_redis, KEYS, "synthetic", max_batch_size=32)
+    cap.out_of_memory(1)
+    assert cap.current() == 2

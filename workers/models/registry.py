@@ -74,8 +74,9 @@ def cost_function(policy: ModelPolicy) -> Callable[[Any], int]:
         )
     try:
         model = cls(**policy.options)
+        model.cost("a probe input")
     except Exception as exc:
-        raise ConfigError(f"cannot build {policy.backend} to price inputs: {exc}") from exc
+        raise ConfigError(f"cannot price inputs with {policy.backend}: {exc}") from exc
 
     def cost(item: Any) -> int:
         try:
