@@ -16,7 +16,8 @@
     ├── RequestFailed             the request's final answer is an error (has ``code``)
     │   ├── RequestExpired        code "expired"
     │   ├── InvalidRequest        code "invalid_input"
-    │   └── ModelError            code "model_error"
+    │   ├── ModelError            code "model_error"
+    │   └── PoisonInput           code "poison"
     ├── ResultTimeout             no final answer within the caller's wait
     └── UnknownRequest            no such request id, or its result has expired
 """
@@ -109,6 +110,13 @@ class ModelError(RequestFailed):
     code = "model_error"
 
 
+class PoisonInput(RequestFailed):
+    """Raised when the request's input killed the process running it ``max_attempts`` times;
+    it was moved to the model's dead-letter stream instead of being run again."""
+
+    code = "poison"
+
+
 class ResultTimeout(BatchfleetError):
     """Raised when a caller's wait ends before the request's final answer; it may still come."""
 
@@ -118,7 +126,7 @@ class UnknownRequest(BatchfleetError):
 
 
 FAILURES_BY_CODE: dict[str, type[RequestFailed]] = {
-    cls.code: cls for cls in (RequestExpired, InvalidRequest, ModelError)
+    cls.code: cls for cls in (RequestExpired, InvalidRequest, ModelError, PoisonInput)
 }
 
 

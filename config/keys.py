@@ -18,6 +18,8 @@ key                         type    writer                    reader            
                                                                                  when final
 ``bf:m:{model}:batch_cap``  string  worker (out of memory)    batcher, worker    none; DEL'd
                                                                                  when back to max
+``bf:m:{model}:dead``       stream  batcher, worker (poison)  the operator       none; capped
+                                                                                 near 10,000
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -91,6 +93,10 @@ class Keys:
     def batch_cap(self, model: str) -> str:
         """The largest batch the model's devices ran without running out of memory."""
         return f"{self.prefix}:m:{model}:batch_cap"
+
+    def dead_letter(self, model: str) -> str:
+        """Requests given up as poison (their process died on them), for an operator."""
+        return f"{self.prefix}:m:{model}:dead"
 
     def request(self, request_id: str) -> str:
         """The admission record of a request id: model and input hash, for idempotency."""

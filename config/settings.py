@@ -69,7 +69,8 @@ class BatcherSettings(BaseModel):
     reclaim_lease_s: float = Field(45.0, gt=0)
     batches_per_worker_slot: int = Field(1, ge=1)
     # A request whose process died this many times (a segfault, OOM, CUDA abort on that
-    # input) is answered model_error instead of being sent again.
+    # input) is answered poison and moved to the dead-letter stream instead of being sent
+    # again.
     max_attempts: int = Field(3, ge=2)
 
 

@@ -272,12 +272,14 @@ class ModelBatcher:
         now_mono, now_wall = monotonic(), time.time()
         read = read_entries(entries, self.model, self.policy.result_ttl_s)
         refused = []
+        poison = []
         for entry_id, raw, request in read.requests:
             if entry_id in self._pending:
                 continue
             tries = (attempts or {}).get(entry_id, 0)
             if tries >= self.settings.batcher.max_attempts:
                 refused.append(gave_up_final(request, entry_id, tries, self.policy.result_ttl_s))
+                poison.append((entry_id, raw, tries))
                 continue
             cost = self._cost_of(request.input)
             budget = self.policy.max_batch_cost
@@ -302,6 +304,7 @@ class ModelBatcher:
                 attempts=tries,
                 cost=cost,
             )
+        self._writer.bury(poison)
         self._writer.finalize([*read.invalid, *refused])
         self._writer.drop(read.dropped)
 

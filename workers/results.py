@@ -64,6 +64,9 @@ return counts
 """
 
 
+DEAD_LETTER_MAXLEN = 10_000
+
+
 @dataclass(frozen=True)
 class Final:
     """A request's final answer, with the stream entry it closes."""
@@ -98,12 +101,12 @@ def error_final(
 
 
 def gave_up_final(request: Request, entry_id: str, attempts: int, ttl_s: float) -> Final:
-    """The ``model_error`` answer of a request whose process died ``attempts`` times."""
+    """The ``poison`` answer of a request whose process died ``attempts`` times."""
     return error_final(
         request,
         entry_id,
-        "model_error",
-        f"gave up after {attempts} attempts: the process running it died each time",
+        "poison",
+        f"the process running it died {attempts} times; moved to the dead-letter stream",
         ttl_s,
     )
 
@@ -164,6 +167,22 @@ class ResultWriter:
         return [
             status.decode() if isinstance(status, bytes) else status for status in pipe.execute()
         ]
+
+    def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:
+        """Copies requests given up as poison (entry id, raw request, deaths) to the model's
+        dead-letter stream, for an operator to inspect or replay; it keeps the newest
+        ~``DEAD_LETTER_MAXLEN``."""
+        if not poison:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for entry_id, raw, deaths in poison:
+            pipe.xadd(
+                self._keys.dead_letter(self._model),
+                {"request": raw, "entry_id": entry_id, "deaths": deaths, "at": time.time()},
+                maxlen=DEAD_LETTER_MAXLEN,
+                approximate=True,
+            )
+        pipe.execute()
 
     def drop(self, entry_ids: Sequence[str]) -> None:
         """Acks and deletes entries that carry no answerable request."""

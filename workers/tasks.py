@@ -168,14 +168,17 @@ class WorkerRuntime:
         ttl_s: float,
         finals: list[Final],
     ) -> list[tuple[str, str, Request]]:
-        """The requests still to try; those out of attempts go to ``finals`` as model_error."""
+        """The requests still to try; those out of attempts go to ``finals`` as poison, and to
+        the dead-letter stream."""
         attempts = writer.count_device_deaths([entry_id for entry_id, _, _ in requests])
-        to_try = []
+        to_try, poison = [], []
         for (entry_id, raw, request), tries in zip(requests, attempts, strict=True):
             if tries >= self.settings.batcher.max_attempts:
                 finals.append(gave_up_final(request, entry_id, tries, ttl_s))
+                poison.append((entry_id, raw, tries))
             else:
                 to_try.append((entry_id, raw, request))
+        writer.bury(poison)
         return to_try
 
     def _sort_out(

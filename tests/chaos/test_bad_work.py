@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 
 from tests.chaos.harness import ChaosFleet, load_running
-from tests.chaos.ledger import Ledger, LedgerReport, assert_nothing_lost
+from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
@@ -34,7 +34,7 @@ def test_batch_past_the_soft_limit_keeps_its_results(
 
 def test_batch_stuck_past_the_hard_limit(chaos_fleet: MakeFleet, record: Record) -> None:
     """A model call stuck past the hard limit ends its worker (exit 70, restarted by its
-    supervisor); the stuck request is retried alone and ends model_error after max_attempts,
+    supervisor); the stuck request is retried alone and ends poison after max_attempts,
     every other request is answered."""
     fleet = chaos_fleet()
     fleet.processes.start("batcher")
@@ -46,8 +46,9 @@ def test_batch_stuck_past_the_hard_limit(chaos_fleet: MakeFleet, record: Record)
     assert fleet.settle(timeout_s=60), fleet.processes.logs()
     report = record(fleet.account("6b batch stuck past the hard time limit", ledger))
     assert_nothing_lost(report)
-    assert result.error is not None and result.error.code == "model_error"
-    assert report.errors == {"model_error": 1}
+    assert result.error is not None and result.error.code == "poison"
+    assert report.errors == {"poison": 1}
+    assert fleet.client.xlen(fleet.keys.dead_letter(MODEL)) == 1
     assert report.ok == report.accepted - 1
     assert fleet.starts["worker --cpu --name w@chaos"] <= MAX_ATTEMPTS + 1
     assert "past the hard limit" in fleet.processes.logs()
@@ -55,8 +56,9 @@ def test_batch_stuck_past_the_hard_limit(chaos_fleet: MakeFleet, record: Record)
 
 def test_poison_inputs_fail_alone(chaos_fleet: MakeFleet, record: Record) -> None:
     """Batches of 32 with poison at random positions: inputs on which the model raises, and one
-    that kills the worker process. Innocents all succeed; each poison ends model_error within
-    max_attempts; the worker is restarted a bounded number of times."""
+    that kills the worker process. Innocents all succeed; inputs that raise end model_error at
+    once, the one that kills its process ends poison within max_attempts; the worker is
+    restarted a bounded number of times."""
     fleet = chaos_fleet(policy={"max_batch_size": 32})
     fleet.processes.start("batcher")
     fleet.supervise("worker", "--cpu", "--name", "w@chaos")
@@ -76,6 +78,7 @@ def test_poison_inputs_fail_alone(chaos_fleet: MakeFleet, record: Record) -> Non
     assert_nothing_lost(report)
     poisoned = {ids[index] for index in poison}
     assert {i for i, r in results.items() if not r.ok} == poisoned
-    assert all(results[i].error.code == "model_error" for i in poisoned)
+    outcomes = {(kind, results[ids[index]].error.code) for index, kind in poison.items()}
+    assert outcomes == {("raise", "model_error"), ("exit", "poison")}
     assert report.ok == 128 - len(poison)
     assert fleet.starts["worker --cpu --name w@chaos"] <= MAX_ATTEMPTS + 1

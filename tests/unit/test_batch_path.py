@@ -366,20 +366,24 @@ def test_requests_taken_back_from_a_dead_process_ride_alone(
     assert {Request.decode(task["args"][2][0][1]).request_id for task in celery.sent} == set(ids)
 
 
-def test_a_request_whose_process_keeps_dying_is_answered_model_error(
+def test_a_request_whose_process_keeps_dying_is_answered_poison_and_dead_lettered(
     batcher: ModelBatcher,
     producer: Producer,
     fake_redis: fakeredis.FakeRedis,
     celery: RecordingCelery,
 ) -> None:
-    """At max_attempts the request is not sent again: its caller gets model_error."""
+    """At max_attempts the request is not sent again: its caller gets poison, and the request
+    is copied to the model's dead-letter stream."""
     (request_id,) = producer.submit_many("synthetic", ["segfault"])
     entries = taken_by_a_dead_process(fake_redis, batcher)
     fake_redis.hset(KEYS.attempts("synthetic"), entries[0][0], 2)
     batcher._take_back(entries, died_on_device=ids_of(entries))
     error = stored_result(fake_redis, request_id).error
-    assert error is not None and error.code == "model_error"
-    assert "gave up after 3 attempts" in error.message
+    assert error is not None and error.code == "poison"
+    assert "died 3 times" in error.message
+    ((_, dead),) = fake_redis.xrange(KEYS.dead_letter("synthetic"))
+    assert Request.decode(dead[b"request"].decode()).request_id == request_id
+    assert dead[b"deaths"] == b"3"
     assert celery.sent == []
     assert not fake_redis.hexists(KEYS.attempts("synthetic"), entries[0][0])
 
@@ -408,7 +412,7 @@ def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_dev
     celery: RecordingCelery,
 ) -> None:
     """A batch redelivered after its worker died: requests the dead worker's device held count
-    an attempt (at max_attempts they get model_error, not another run); the rest run."""
+    an attempt (at max_attempts they get poison, not another run); the rest run."""
     add_worker(fake_redis)
     ids = producer.submit_many("synthetic", ["on device", "waiting"])
     batcher.step()
@@ -419,7 +423,8 @@ def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_dev
     fake_redis.hset(KEYS.attempts("synthetic"), on_device, 2)
     runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
     error = stored_result(fake_redis, ids[0]).error
-    assert error is not None and "gave up after 3 attempts" in error.message
+    assert error is not None and error.code == "poison" and "died 3 times" in error.message
+    assert fake_redis.xlen(KEYS.dead_letter("synthetic")) == 1
     assert stored_result(fake_redis, ids[1]).output == expected_output("waiting")
     assert fake_redis.xlen(STREAM) == 0
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0

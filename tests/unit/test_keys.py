@@ -13,6 +13,7 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.workers("m") == "bf:m:m:workers"
     assert keys.attempts("m") == "bf:m:m:attempts"
     assert keys.batch_cap("m") == "bf:m:m:batch_cap"
+    assert keys.dead_letter("m") == "bf:m:m:dead"
     assert keys.request("r1") == "bf:r:r1"
     assert keys.waiters("r1") == "bf:w:r1"
     assert keys.result("r1") == "bf:res:r1"
