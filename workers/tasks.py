@@ -333,7 +333,7 @@ class WorkerRuntime:
         inputs that failed alone (the model's ``ItemError`` code, else ``model_error``) and
         the outputs that cannot travel as JSON."""
         finals = []
-        version = str(getattr(self.model(model_name), "version", "")) or None
+        version = self.model(model_name).version
         for run in runs:
             for (entry_id, request), output in zip(run.items, run.outputs, strict=True):
                 failure = _output_error(output, run.error)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from config.schema import Result
 from config.settings import ModelPolicy
 from workers.bench_inputs import sentence_inputs
 from workers.local_fleet import LocalFleet
@@ -20,28 +22,41 @@ pytest.importorskip("torch", reason="the embedding extra is not installed")
 POLICY = {"backend": "embedding", "options": {"threads": 1}}
 
 
+def embed_through_fleet(
+    make_fleet: Callable[..., LocalFleet], policy: dict[str, Any], inputs: list[Any]
+) -> tuple[list[str], dict[str, Result]]:
+    """Starts a batcher and a CPU worker serving ``policy`` as ``embed``, sends ``inputs`` at
+    once; their ids and final results."""
+    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"embed": policy}))
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet, "embed", warmup="warm up")
+        ids = producer.submit_many("embed", inputs)
+        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    return ids, results
+
+
+def assert_own_vectors(ids: list[str], results: dict[str, Result], sentences: list[str]) -> None:
+    """Each caller got the vector the model computes for its own sentence."""
+    local = build_model("embed", ModelPolicy.model_validate(POLICY), "cpu")
+    for request_id, vector in zip(ids, local.predict(sentences), strict=True):
+        output = results[request_id].unwrap()
+        assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
+
+
 def test_a_fleet_embeds_sentences_in_batches_and_isolates_a_bad_input(
     make_fleet: Callable[..., LocalFleet],
 ) -> None:
     """Sentences sent at once come back as the model's own vectors, each to its caller, from
     batches of many; an input that is not a string gets invalid_input and harms no one."""
-    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"embed": POLICY}))
-    fleet.start("batcher")
-    fleet.start("worker", "--cpu")
     sentences = [sentence_inputs(seed=7)(index) for index in range(96)]
-    local = build_model("embed", ModelPolicy.model_validate(POLICY), "cpu")
-    with producer_for(fleet) as producer:
-        wait_ready(producer, fleet, "embed", warmup="warm up")
-        ids = producer.submit_many("embed", [*sentences[:50], 42, *sentences[50:]])
-        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    ids, results = embed_through_fleet(make_fleet, POLICY, [*sentences[:50], 42, *sentences[50:]])
     bad_id = ids.pop(50)
     assert results[bad_id].error is not None
     assert results[bad_id].error.code == "invalid_input"
     assert "non-empty string" in results[bad_id].error.message
-    expected = local.predict(sentences)
-    for request_id, vector in zip(ids, expected, strict=True):
-        output = results[request_id].unwrap()
-        assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
+    assert_own_vectors(ids, results, sentences)
     assert max(results[request_id].batch_size for request_id in ids) > 8
 
 
@@ -51,22 +66,13 @@ def test_a_fleet_batching_by_tokens_answers_all_and_refuses_an_input_over_the_bu
     """With batches grouped by token count under a token budget, every sentence gets its own
     vector, and a text longer than the whole budget is answered invalid_input at once."""
     policy = {**POLICY, "group_by_cost": True, "max_batch_cost": 200}
-    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"embed": policy}))
-    fleet.start("batcher")
-    fleet.start("worker", "--cpu")
     sentences = [sentence_inputs(seed=11)(index) for index in range(64)]
-    local = build_model("embed", ModelPolicy.model_validate(POLICY), "cpu")
-    with producer_for(fleet) as producer:
-        wait_ready(producer, fleet, "embed", warmup="warm up")
-        ids = producer.submit_many("embed", [*sentences, "word " * 500])
-        results = {result.request_id: result for result in producer.results(ids, timeout_s=120)}
+    ids, results = embed_through_fleet(make_fleet, policy, [*sentences, "word " * 500])
     too_long = results[ids.pop()].error
     assert too_long is not None and too_long.code == "invalid_input"
     assert "over the model's max_batch_cost of 200" in too_long.message
-    for request_id, vector in zip(ids, local.predict(sentences), strict=True):
-        output = results[request_id].unwrap()
-        assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
-        assert results[request_id].model_version == "all-MiniLM-L6-v2/1"
+    assert_own_vectors(ids, results, sentences)
+    assert {results[request_id].model_version for request_id in ids} == {"all-MiniLM-L6-v2/1"}
     assert max(results[request_id].batch_size for request_id in ids) > 4
 
 

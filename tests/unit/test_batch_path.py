@@ -78,19 +78,20 @@ def celery() -> RecordingCelery:
     return RecordingCelery()
 
 
+def new_batcher(
+    settings: Settings, client: fakeredis.FakeRedis, celery: Any, model: str = "synthetic"
+) -> ModelBatcher:
+    """A batcher ``b1`` for ``model`` that publishes to ``celery``, its group created."""
+    batcher = ModelBatcher(settings, model, client=client, celery=celery, consumer="b1")
+    batcher._ensure_group()
+    return batcher
+
+
 @pytest.fixture
 def batcher(
     settings: Settings, fake_redis: fakeredis.FakeRedis, celery: RecordingCelery
 ) -> ModelBatcher:
-    batcher = ModelBatcher(
-        settings,
-        "synthetic",
-        client=fake_redis,
-        celery=celery,  # type: ignore[arg-type]
-        consumer="b1",
-    )
-    batcher._ensure_group()
-    return batcher
+    return new_batcher(settings, fake_redis, celery)
 
 
 @pytest.fixture
@@ -256,14 +257,7 @@ def fleet_of_backend(client: fakeredis.FakeRedis, backend: str) -> Iterator[Back
     settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
     listen = fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
     celery = RecordingCelery()
-    batcher = ModelBatcher(
-        settings,
-        "synthetic",
-        client=client,
-        celery=celery,  # type: ignore[arg-type]
-        consumer="b1",
-    )
-    batcher._ensure_group()
+    batcher = new_batcher(settings, client, celery)
     runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=client)
     with Producer(settings, client=client, listen_client=listen) as producer:
         yield BackendFleet(celery, batcher, runtime, producer)
@@ -507,13 +501,7 @@ def test_a_batcher_starts_over_when_redis_comes_back_empty(
         after.extend(producer.submit_many("synthetic", ["after the restart"]))
 
     celery = RestartingRedisCelery(stop, restart_empty)
-    batcher = ModelBatcher(
-        settings,
-        "synthetic",
-        client=fake_redis,
-        celery=celery,
-        consumer="b1",  # type: ignore[arg-type]
-    )
+    batcher = new_batcher(settings, fake_redis, celery)
     add_worker(fake_redis)
     producer.submit_many("synthetic", ["before"])
     loop = threading.Thread(target=batcher.run, args=(stop,))

@@ -18,6 +18,8 @@ from workers.batcher import ModelBatcher
 from workers.capacity import FleetState, worker_member
 from workers.models.registry import cost_function
 
+from .test_batch_path import new_batcher
+
 KEYS = Keys("bf")
 
 
@@ -55,14 +57,7 @@ def fleet(fake_redis: fakeredis.FakeRedis) -> tuple[Settings, ModelBatcher, Reco
     )
     settings = Settings(models={"words": policy})
     recorder = Recorder()
-    batcher = ModelBatcher(
-        settings,
-        "words",
-        client=fake_redis,
-        celery=recorder,
-        consumer="b1",  # type: ignore[arg-type]
-    )
-    batcher._ensure_group()
+    batcher = new_batcher(settings, fake_redis, recorder, "words")
     FleetState(fake_redis, KEYS, "words").heartbeat(worker_member("w1", 1), 30)
     listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
     return settings, batcher, recorder, Producer(settings, client=fake_redis, listen_client=listen)
