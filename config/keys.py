@@ -20,6 +20,8 @@ key                         type    writer                    reader            
                                                                                  when back to max
 ``bf:m:{model}:dead``       stream  batcher, worker (poison)  the operator       none; capped
                                                                                  near 10,000
+``bf:devices``              zset    worker (heartbeat)        worker             pruned by score
+``bf:gpu:{hostname}``       hash    worker (heartbeat)        the operator       3 heartbeats
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -50,9 +52,10 @@ def worker_consumer(hostname: str) -> str:
     return f"worker:{hostname}"
 
 
-def device_consumer(hostname: str) -> str:
-    """The stream consumer that holds what a worker has on its device right now."""
-    return f"worker:{hostname}{DEVICE_CONSUMER_SUFFIX}"
+def device_consumer(hostname: str, incarnation: str) -> str:
+    """The stream consumer that holds what one worker process (``incarnation``: a token drawn
+    when it starts) has on its device right now; a restarted process gets a new one."""
+    return f"worker:{hostname}:{incarnation}{DEVICE_CONSUMER_SUFFIX}"
 
 
 def held_on_device(consumer: str) -> bool:
@@ -85,6 +88,14 @@ class Keys:
     def workers(self, model: str) -> str:
         """Live workers of the model: member ``hostname|slots``, score the heartbeat's expiry."""
         return f"{self.prefix}:m:{model}:workers"
+
+    def devices(self) -> str:
+        """Live worker processes' device consumers, scored by their heartbeat's expiry."""
+        return f"{self.prefix}:devices"
+
+    def gpu(self, hostname: str) -> str:
+        """The latest NVML reading of the GPU a worker is pinned to (a hash of figures)."""
+        return f"{self.prefix}:gpu:{hostname}"
 
     def attempts(self, model: str) -> str:
         """How often each stream entry was taken back from a process that died holding it."""

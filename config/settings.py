@@ -68,10 +68,10 @@ class BatcherSettings(BaseModel):
 
     reclaim_lease_s: float = Field(45.0, gt=0)
     batches_per_worker_slot: int = Field(1, ge=1)
-    # A request whose process died this many times (a segfault, OOM, CUDA abort on that
-    # input) is answered poison and moved to the dead-letter stream instead of being sent
-    # again.
-    max_attempts: int = Field(3, ge=2)
+    # A request whose process died this many times while running it (a segfault, OOM, CUDA
+    # abort on that input) is answered poison and moved to the dead-letter stream instead of
+    # being sent again.
+    max_attempts: int = Field(2, ge=2)
 
 
 class WorkerSettings(BaseModel):
@@ -85,6 +85,15 @@ class WorkerSettings(BaseModel):
     time_limit_s: float = Field(15.0, gt=0)
     visibility_timeout_s: float = Field(40.0, gt=0)
     heartbeat_s: float = Field(1.0, gt=0)
+    # A batch of more than one input starts only with this much GPU memory free (NVML's view,
+    # read every heartbeat); below it, the batch runs in halves and the model's batch cap
+    # drops, as after an out-of-memory error.
+    gpu_min_free_mb: int = Field(256, ge=0)
+
+    @property
+    def heartbeat_ttl_s(self) -> float:
+        """How long a worker counts as alive after its last heartbeat."""
+        return 3 * self.heartbeat_s
 
 
 def default_models() -> dict[str, ModelPolicy]:
@@ -126,6 +135,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{slots} slots x worker.time_limit_s ({self.worker.time_limit_s}) must be below "
                 f"worker.visibility_timeout_s ({self.worker.visibility_timeout_s})"
+            )
+        if not self.worker.heartbeat_ttl_s < self.worker.visibility_timeout_s:
+            raise ValueError(
+                f"3 x worker.heartbeat_s ({self.worker.heartbeat_s}) must be below "
+                f"worker.visibility_timeout_s ({self.worker.visibility_timeout_s}): a dead "
+                "worker must look dead before Celery delivers its batch again"
             )
         if not self.models:
             raise ValueError("models: at least one model must be configured")

@@ -236,10 +236,13 @@ class ModelBatcher:
                 lease_ms,
                 [row["message_id"] for row in stale],
             )
+            # Only what this claim took counts: an entry someone touched since XPENDING
+            # is theirs, and its death (if any) is theirs to count.
+            taken = {to_text(entry_id) for entry_id, _ in claimed}
             died_on_device = {
                 to_text(row["message_id"])
                 for row in stale
-                if held_on_device(to_text(row["consumer"]))
+                if held_on_device(to_text(row["consumer"])) and to_text(row["message_id"]) in taken
             }
             log.info(
                 "model %s: reclaimed %d requests past their lease (%d were on a device)",

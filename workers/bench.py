@@ -47,6 +47,7 @@ class BenchConfig:
     base_ms: float = 20.0
     per_item_ms: float = 0.5
     threads: int | None = None
+    weights: str | None = None
     group_by_cost: bool = False
     gpus: int = 0
     baseline: bool = False
@@ -84,6 +85,8 @@ class BenchConfig:
             options: dict[str, Any] = {"base_ms": self.base_ms, "per_item_ms": self.per_item_ms}
         else:
             options = {"threads": self.threads} if self.threads else {}
+            if self.weights:
+                options["weights"] = self.weights
         # A benchmark measures queueing: nothing may expire before the client stops waiting.
         common = {
             "backend": self.backend,

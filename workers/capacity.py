@@ -6,7 +6,9 @@ skewed clocks still agree on who is alive.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -18,6 +20,14 @@ HEARTBEAT_SCRIPT = """
 if ARGV[3] == 'remove' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
 local now = redis.call('TIME')
 return redis.call('ZADD', KEYS[1], now[1] + now[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
+"""
+
+# KEYS: live devices zset; ARGV: device consumer, ttl seconds
+DEVICE_HEARTBEAT_SCRIPT = """
+local t = redis.call('TIME')
+local now = t[1] + t[2] / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 """
 
 # Prunes workers whose heartbeat expired, batches whose worker is gone, batches older than
@@ -136,6 +146,25 @@ class FleetState:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:
         Redis 6.2 rounds a smaller BLPOP timeout down to 0, which blocks forever)."""
         self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
+
+
+def device_heartbeat(client: redis.Redis, keys: Keys, device_consumer: str, ttl_s: float) -> None:
+    """Marks a worker process's device consumer alive for ``ttl_s``: a batch delivered again
+    leaves what a live device holds to it, and counts a death for what a gone one held."""
+    client.register_script(DEVICE_HEARTBEAT_SCRIPT)(
+        keys=[keys.devices()], args=[device_consumer, ttl_s]
+    )
+
+
+def publish_gpu(
+    client: redis.Redis, keys: Keys, hostname: str, reading: Mapping[Any, str], ttl_s: float
+) -> None:
+    """Publishes the latest reading of a worker's GPU, kept for ``ttl_s``."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.gpu(hostname))
+    pipe.hset(keys.gpu(hostname), mapping=reading)
+    pipe.pexpire(keys.gpu(hostname), int(ttl_s * 1000))
+    pipe.execute()
 
 
 def slots_of(settings: Settings) -> int:

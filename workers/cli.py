@@ -82,6 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
         threads=args.threads,
+        weights=args.weights,
         group_by_cost=args.group_by_cost,
         gpus=gpus,
         baseline=args.baseline,
@@ -148,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model: a GPU-like sleep, or MiniLM embeddings on this CPU (needs the extra)",
     )
     bench.add_argument("--threads", type=int, help="embedding: torch threads per worker")
+    bench.add_argument(
+        "--weights", help="embedding: a folder holding the model (default: the installed package)"
+    )
     bench.add_argument(
         "--group-by-cost",
         action="store_true",

@@ -1,12 +1,14 @@
-"""GPU discovery, utilisation sampling (NVML), and pinning a process to one GPU before any CUDA
-library loads."""
+"""GPU discovery, telemetry and utilisation sampling (NVML), and pinning a process to one GPU
+before any CUDA library loads."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ def pin_to_gpu(index: int) -> str:
 
     Must run before any CUDA library is imported: CUDA reads ``CUDA_VISIBLE_DEVICES`` once.
     """
+    # CUDA numbers GPUs fastest first unless told otherwise; NVML numbers them by PCI bus.
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     return "cuda"
 
@@ -85,3 +89,102 @@ class GpuSampler:
 
     def utilisation(self) -> float | None:
         return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One NVML reading of a GPU; a field the GPU does not report is None."""
+
+    index: int
+    name: str
+    utilisation: float | None  # 0..1, over NVML's last sample period
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: float | None
+    power_w: float | None
+
+    @property
+    def memory_free_bytes(self) -> int:
+        return self.memory_total_bytes - self.memory_used_bytes
+
+    def fields(self) -> dict[str, str]:
+        """The reading as a flat string map (a Redis hash); absent figures are left out."""
+        return {key: str(value) for key, value in asdict(self).items() if value is not None}
+
+
+class GpuTelemetry:
+    """Reads one pinned GPU through NVML and keeps the latest reading.
+
+    Without a GPU (``index`` None) or without NVML, it says so once in the log and reads
+    nothing; no call raises.
+    """
+
+    def __init__(self, index: int | None) -> None:
+        self.index = index
+        self.latest: GpuReading | None = None
+        self._handle: Any = None
+        self._absent = False
+
+    def read(self) -> GpuReading | None:
+        """A fresh reading (kept as ``latest``), None without a GPU or NVML."""
+        handle = self._open()
+        if handle is None or self.index is None:
+            return None
+        import pynvml
+
+        try:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            reading = GpuReading(
+                index=self.index,
+                name=_text(pynvml.nvmlDeviceGetName(handle)),
+                utilisation=_optional(
+                    lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+                ),
+                memory_used_bytes=int(memory.used),
+                memory_total_bytes=int(memory.total),
+                temperature_c=_optional(
+                    lambda: float(
+                        pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+                    )
+                ),
+                power_w=_optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000),
+            )
+        except pynvml.NVMLError as exc:
+            log.warning("GPU %s: NVML reading failed: %s", self.index, exc)
+            return None
+        self.latest = reading
+        return reading
+
+    def _open(self) -> Any:
+        if self._handle is not None or self._absent:
+            return self._handle
+        if self.index is None:
+            self._absent = True
+            log.info("no GPU pinned: no GPU telemetry")
+            return None
+        import pynvml
+
+        try:
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except pynvml.NVMLError as exc:
+            self._absent = True
+            log.warning("GPU %s: NVML unavailable (%s): no GPU telemetry", self.index, exc)
+        return self._handle
+
+
+def _optional(read: Callable[[], T]) -> T | None:
+    """A figure some GPUs do not report (power on some boards, say): None when NVML says so."""
+    import pynvml
+
+    try:
+        return read()
+    except pynvml.NVMLError:
+        return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -44,21 +44,33 @@ return status
 """
 
 
-# KEYS: stream, attempts hash
-# ARGV: group, device consumer suffix, entry ids...
-# Per entry: its attempts, counting one more when a worker's device holds it now (the process
-# that had it in a model call is gone: the entry could have killed it).
+# KEYS: stream, attempts hash, live devices zset
+# ARGV: group, device consumer suffix, claiming consumer, entry ids...
+# Per entry: its attempts, counting one more when the device of a process that is gone holds
+# it (that process was running it: the entry could have killed it), or -1 when a live
+# process's device holds it (that process is running it now). Entries not on a live device
+# move to the claiming consumer in the same step, so no one counts the same death again.
 COUNT_DEVICE_DEATHS_SCRIPT = """
+local t = redis.call('TIME')
+local now = t[1] + t[2] / 1e6
 local counts = {}
-for i = 3, #ARGV do
+local claim = {}
+for i = 4, #ARGV do
   local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
-  local count = 0
+  local count = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
   if pending and string.sub(pending[2], -string.len(ARGV[2])) == ARGV[2] then
-    count = redis.call('HINCRBY', KEYS[2], ARGV[i], 1)
-  else
-    count = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
+    local alive_until = redis.call('ZSCORE', KEYS[3], pending[2])
+    if alive_until and tonumber(alive_until) > now then
+      count = -1
+    else
+      count = redis.call('HINCRBY', KEYS[2], ARGV[i], 1)
+    end
   end
+  if count >= 0 and pending then claim[#claim + 1] = ARGV[i] end
   counts[#counts + 1] = count
+end
+if #claim > 0 then
+  redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, unpack(claim), 'JUSTID')
 end
 return counts
 """
@@ -195,16 +207,21 @@ class ResultWriter:
         pipe.hdel(self._keys.attempts(self._model), *entry_ids)
         pipe.execute()
 
-    def count_device_deaths(self, entry_ids: Sequence[str]) -> list[int]:
-        """Each entry's attempts, counting one more for those a worker's device held when its
-        process stopped; call before claiming them, for a batch delivered again."""
+    def count_device_deaths(self, consumer: str, entry_ids: Sequence[str]) -> list[int | None]:
+        """For a batch delivered again: each entry's attempts, counting one more for those on
+        the device of a process that is gone, and moving them to ``consumer``; None for those
+        a live process has on its device (it is running them now: leave them to it)."""
         if not entry_ids:
             return []
         counts = self._count_deaths(
-            keys=[self._keys.requests(self._model), self._keys.attempts(self._model)],
-            args=[CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, *entry_ids],
+            keys=[
+                self._keys.requests(self._model),
+                self._keys.attempts(self._model),
+                self._keys.devices(),
+            ],
+            args=[CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, consumer, *entry_ids],
         )
-        return [int(count) for count in counts]
+        return [None if int(count) < 0 else int(count) for count in counts]
 
     def claim_and_check(
         self, consumer: str, entry_ids: Sequence[str], request_ids: Sequence[str]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +20,10 @@ from config.schema import STREAM_FIELD, ErrorCode, Request, Result, canonical_js
 from config.settings import Settings
 from producer.client import connect
 from workers.batch_cap import BatchCap, is_out_of_memory
-from workers.capacity import FleetState, slots_of, worker_member
+from workers.capacity import FleetState, device_heartbeat, publish_gpu, slots_of, worker_member
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
+from workers.gpu import GpuTelemetry
 from workers.models.base import ItemError, Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final, gave_up_final
@@ -39,11 +41,13 @@ class WorkerRuntime:
         device: str,
         models: Sequence[str],
         client: redis.Redis | None = None,
+        gpu: int | None = None,
     ) -> None:
         self.settings = settings
         self.hostname = hostname
         self.device = device
         self.model_names = list(models)
+        self.gpu = GpuTelemetry(gpu)
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
         self._models: dict[str, Model] = {}
@@ -53,7 +57,7 @@ class WorkerRuntime:
         # model work, so the next batch is ready the moment the device frees.
         self._device_lock = threading.RLock()
         self.consumer = worker_consumer(hostname)
-        self.device_consumer = device_consumer(hostname)
+        self.device_consumer = device_consumer(hostname, secrets.token_hex(4))
         self.member = worker_member(hostname, slots_of(settings))
         self._busy_since: float | None = None
 
@@ -62,10 +66,38 @@ class WorkerRuntime:
         since = self._busy_since
         return 0.0 if since is None else time.monotonic() - since
 
-    def load_models(self) -> None:
-        """Loads every served model now; raises ConfigError with one clear line on failure."""
+    def start(self) -> None:
+        """Readies the process that runs batches (in prefork, each child): loads every served
+        model, raising ConfigError with one clear line on failure, then keeps a device
+        consumer of its own marked alive."""
+        self.device_consumer = device_consumer(self.hostname, secrets.token_hex(4))
         for name in self.model_names:
             self.model(name)
+        threading.Thread(target=self._keep_alive, name="batchfleet-keep-alive", daemon=True).start()
+
+    def _keep_alive(self) -> None:
+        while True:
+            self.beat()
+            time.sleep(self.settings.worker.heartbeat_s)
+
+    def beat(self) -> None:
+        """Marks this process's device consumer alive and publishes a fresh reading of its
+        GPU; run every heartbeat. Redis being away only logs: the next beat tries again."""
+        ttl_s = self.settings.worker.heartbeat_ttl_s
+        reading = self.gpu.read()
+        try:
+            device_heartbeat(self.client, self.keys, self.device_consumer, ttl_s)
+            if reading is not None:
+                publish_gpu(self.client, self.keys, self.hostname, reading.fields(), ttl_s)
+        except redis.RedisError as exc:
+            log.warning("device heartbeat failed: %s", exc)
+
+    def memory_low(self) -> bool:
+        """Whether the pinned GPU's latest reading has less free memory than a batch needs
+        to start (``worker.gpu_min_free_mb``); False without a reading."""
+        reading = self.gpu.latest
+        reserve = self.settings.worker.gpu_min_free_mb * 2**20
+        return reading is not None and reading.memory_free_bytes < reserve
 
     def model(self, name: str) -> Model:
         with self._load_lock:
@@ -120,35 +152,38 @@ class WorkerRuntime:
         )
         finals = list(read.invalid)
         requests = read.requests
+        entry_ids = [entry_id for entry_id, _ in entries]
         if redelivered:
             # The process this batch was delivered to died; what its device held counts an
-            # attempt, as when a batcher reclaims it, and is given up at max_attempts.
-            requests = self._count_attempts(writer, requests, policy.result_ttl_s, finals)
+            # attempt, as when a batcher reclaims it, and is given up at max_attempts. What a
+            # live process's device holds is being run again there: it is left to that run.
+            requests, running = self._count_attempts(writer, requests, policy.result_ttl_s, finals)
+            entry_ids = [entry_id for entry_id in entry_ids if entry_id not in running]
         # Restart the lease (a running batch is never reclaimed while it can still finish)
         # and learn which requests a previous delivery already answered.
         done = writer.claim_and_check(
-            self.consumer,
-            [entry_id for entry_id, _ in entries],
-            [request.request_id for _, _, request in requests],
+            self.consumer, entry_ids, [request.request_id for _, _, request in requests]
         )
         runnable = self._sort_out(requests, done, policy.result_ttl_s, finals)
         late: list[tuple[str, Request]] = []
         runs: list[ModelRun] = []
         if redelivered or flush_reason == "isolated":
             # Suspects and redelivered batches run one request per model call, so that an
-            # input that kills the process is the only one on the device when it does; each
-            # answer is written at once, so that one cannot take the others' answers with it.
-            for item in runnable:
-                single = self._run_on_device(model_name, stream, [item], 0, writer, finals)[1]
-                writer.finalize(
-                    self._answers(
-                        model_name,
-                        batch_id,
-                        single,
-                        policy.result_ttl_s,
-                        {item[0]: flush_reason},
+            # input that kills the process is the only one on the device when it does. Each
+            # answer is written before the device takes anything else: a finished suspect
+            # still on the device when another batch kills the process would count a death.
+            with self._device_lock:
+                for item in runnable:
+                    single = self._run_on_device(model_name, stream, [item], 0, writer, finals)[1]
+                    writer.finalize(
+                        self._answers(
+                            model_name,
+                            batch_id,
+                            single,
+                            policy.result_ttl_s,
+                            {item[0]: flush_reason},
+                        )
                     )
-                )
         elif runnable or policy.tops_up:
             fill_to = self.batch_cap(model_name).current() if policy.tops_up else 0
             late, runs = self._run_on_device(model_name, stream, runnable, fill_to, writer, finals)
@@ -167,19 +202,23 @@ class WorkerRuntime:
         requests: Sequence[tuple[str, str, Request]],
         ttl_s: float,
         finals: list[Final],
-    ) -> list[tuple[str, str, Request]]:
-        """The requests still to try; those out of attempts go to ``finals`` as poison, and to
-        the dead-letter stream."""
-        attempts = writer.count_device_deaths([entry_id for entry_id, _, _ in requests])
-        to_try, poison = [], []
+    ) -> tuple[list[tuple[str, str, Request]], set[str]]:
+        """The requests still to try, and the entries a live device is running now; those out
+        of attempts go to ``finals`` as poison, and to the dead-letter stream."""
+        attempts = writer.count_device_deaths(
+            self.consumer, [entry_id for entry_id, _, _ in requests]
+        )
+        to_try, poison, running = [], [], set()
         for (entry_id, raw, request), tries in zip(requests, attempts, strict=True):
-            if tries >= self.settings.batcher.max_attempts:
+            if tries is None:
+                running.add(entry_id)
+            elif tries >= self.settings.batcher.max_attempts:
                 finals.append(gave_up_final(request, entry_id, tries, ttl_s))
                 poison.append((entry_id, raw, tries))
             else:
                 to_try.append((entry_id, raw, request))
         writer.bury(poison)
-        return to_try
+        return to_try, running
 
     def _sort_out(
         self,
@@ -291,11 +330,21 @@ class WorkerRuntime:
     def _timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
         """``model.predict`` for one batch and its bisection, with the watchdog told how long
         each call has been running, and the model's batch cap told of successes and of the
-        first out-of-memory error (the bisection's later ones are its own halves)."""
-        lowered = False
+        first out-of-memory error (the bisection's later ones are its own halves). A batch
+        that would start with too little GPU memory free is halved before it runs, as if it
+        had run out."""
+        lowered = checked = False
 
         def predict(inputs: list[Any]) -> Sequence[Any]:
-            nonlocal lowered
+            nonlocal lowered, checked
+            if not checked:
+                checked = True
+                if len(inputs) > 1 and self.memory_low():
+                    lowered = True
+                    cap.out_of_memory(len(inputs))
+                    raise GpuMemoryLow(
+                        f"under {self.settings.worker.gpu_min_free_mb} MiB of GPU memory free"
+                    )
             self._busy_since = time.monotonic()
             try:
                 outputs = model.predict(inputs)
@@ -359,6 +408,10 @@ class WorkerRuntime:
                 )
                 finals.append(Final(entry_id, result, request.digest, ttl_s))
         return finals
+
+
+class GpuMemoryLow(Exception):
+    """The GPU had too little memory free to start a batch: it runs in halves."""
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class Heartbeat:
             if not self._leaving.is_set():
                 for state in self._states:
                     try:
-                        state.heartbeat(self._member, self._interval_s * 3)
+                        state.heartbeat(self._member, self._runtime.settings.worker.heartbeat_ttl_s)
                     except Exception as exc:
                         log.warning("heartbeat failed: %s", exc)
             time.sleep(min(self._interval_s, WATCH_INTERVAL_S))
@@ -118,12 +118,12 @@ def run_worker(
     hostname = name or worker_hostname(gpu)
     if gpu is None:
         log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
-    runtime = WorkerRuntime(settings, hostname, device, models)
+    runtime = WorkerRuntime(settings, hostname, device, models, gpu=gpu)
     pool = settings.worker.pool
     if pool == "prefork":
-        worker_process_init.connect(lambda **_: runtime.load_models(), weak=False)
+        worker_process_init.connect(lambda **_: runtime.start(), weak=False)
     else:
-        runtime.load_models()
+        runtime.start()
     app = make_celery_app(settings)
     register_tasks(app, runtime)
     heartbeat = Heartbeat(runtime)

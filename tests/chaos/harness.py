@@ -27,13 +27,14 @@ from typing import Any
 import redis
 
 from config.errors import BatchfleetError, BrokerUnavailable
-from config.keys import CONSUMER_GROUP, Keys
+from config.keys import CONSUMER_GROUP, Keys, held_on_device, worker_consumer
 from config.schema import STREAM_FIELD, Result
 from config.settings import Settings, load_settings
 from producer.client import Producer
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.entries import to_text
 from workers.local_fleet import LocalFleet
 from workers.local_redis import LocalRedis
 
@@ -247,11 +248,24 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 def held_by(fleet: ChaosFleet, consumer: str) -> int:
     """How many requests ``consumer`` holds in the stream (read, not yet answered)."""
+    return sum(pending for name, pending in _holders(fleet) if name == consumer)
+
+
+def on_device_of(fleet: ChaosFleet, hostname: str) -> int:
+    """How many requests the worker ``hostname`` has on its device (any of its processes)."""
+    return sum(
+        pending
+        for name, pending in _holders(fleet)
+        if name.startswith(worker_consumer(hostname) + ":") and held_on_device(name)
+    )
+
+
+def _holders(fleet: ChaosFleet) -> list[tuple[str, int]]:
     try:
         consumers = fleet.client.xinfo_consumers(fleet.keys.requests(MODEL), CONSUMER_GROUP)
     except redis.ResponseError:
-        return 0
-    return sum(int(c["pending"]) for c in consumers if c["name"] in (consumer, consumer.encode()))
+        return []
+    return [(to_text(c["name"]), int(c["pending"])) for c in consumers]
 
 
 class Background:

@@ -11,7 +11,7 @@ from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 2
 
 
 def test_batch_past_the_soft_limit_keeps_its_results(

@@ -5,9 +5,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from config.keys import device_consumer
 from producer.client import Producer
-from tests.chaos.harness import ChaosFleet, held_by, load_running, wait_until
+from tests.chaos.harness import ChaosFleet, held_by, load_running, on_device_of, wait_until
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
 from tests.chaos.ledger_model import read_executions
 from workers.capacity import FleetState, worker_member
@@ -56,7 +55,7 @@ def test_worker_killed_mid_batch_while_another_remains(
     ledger = Ledger()
 
     def kill(_: Producer) -> None:
-        wait_until(lambda: held_by(fleet, device_consumer("victim@chaos")) > 0)
+        wait_until(lambda: on_device_of(fleet, "victim@chaos") > 0)
         fleet.processes.stop(victim, signal.SIGKILL)
 
     under_load(fleet, ledger, kill)
@@ -125,7 +124,7 @@ def test_workers_stopped_gracefully_in_turn(chaos_fleet: MakeFleet, record: Reco
 
     def stop_each_in_turn(_: Producer) -> None:
         for name, process in workers.items():
-            wait_until(lambda name=name: held_by(fleet, device_consumer(name)) > 0)
+            wait_until(lambda name=name: on_device_of(fleet, name) > 0)
             assert fleet.processes.stop(process, signal.SIGTERM) == 0
             fleet.processes.start("worker", "--cpu", "--name", name)
 

