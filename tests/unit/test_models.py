@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from config.errors import ConfigError
 from config.settings import ModelPolicy
 from workers.models.base import ItemError, Model
+from workers.models.embedding import save_half_precision
 from workers.models.registry import build_model, load_class
 from workers.models.synthetic import SyntheticModel
 
@@ -124,3 +126,18 @@ def test_an_embedding_input_costs_its_tokens(embedder: Model) -> None:
     assert 5 <= cost("A short sentence.") <= 8
     assert cost("word " * 1000) == 256
     assert cost(42) == 1
+
+
+def test_the_embedding_model_loads_a_half_precision_copy_from_another_folder(
+    embedder: Model, tmp_path: Path
+) -> None:
+    """The ``weights`` option (what the GPU check carries: the model in fp16, in its own
+    folder) gives the same vectors, to fp16's precision, and prices inputs alike."""
+    copy = tmp_path / "minilm-fp16"
+    save_half_precision(copy)
+    options = {"threads": 1, "weights": str(copy)}
+    half = build_model("embed", ModelPolicy(backend="embedding", options=options), "cpu")
+    sentences = ["The cat sat on the mat.", "Stock markets fell sharply on Monday."]
+    for ours, theirs in zip(half.predict(sentences), embedder.predict(sentences), strict=True):
+        assert cosine(ours, theirs) > 0.999
+    assert half.cost(sentences[1]) == embedder.cost(sentences[1])  # type: ignore[attr-defined]
