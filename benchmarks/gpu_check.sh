@@ -42,6 +42,7 @@ pack() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$PACK/wheels" "${WHEELS[@]}"
   "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$PACK/wheels" .
+  rm -rf build  # setuptools' staging folder
   "$PYTHON" -c 'import sys, pathlib; from workers.models.embedding import save_half_precision
 save_half_precision(pathlib.Path(sys.argv[1]))' "$PACK/weights"
   du -sh "$PACK"

@@ -46,23 +46,34 @@ class BrokerUnavailable(BatchfleetError):
 
 
 class RequestRejected(BatchfleetError):
-    """Raised when a request is refused at submit; nothing was enqueued."""
+    """Raised when a request is refused at submit; nothing was enqueued. ``reason`` names
+    the refusal in metrics."""
+
+    reason = "rejected"
 
 
 class UnknownModel(RequestRejected):
     """Raised when a request names a model the fleet does not serve."""
 
+    reason = "unknown_model"
+
 
 class InvalidInput(RequestRejected):
     """Raised when an input is not JSON-serialisable or otherwise malformed."""
+
+    reason = "invalid_input"
 
 
 class InputTooLarge(InvalidInput):
     """Raised when an encoded input is over the size cap."""
 
+    reason = "too_large"
+
 
 class DeadlinePassed(RequestRejected):
     """Raised when a request's deadline is already past at submit."""
+
+    reason = "deadline_passed"
 
 
 class QueueFull(RequestRejected):
@@ -72,6 +83,8 @@ class QueueFull(RequestRejected):
     refusal: those requests will be answered.
     """
 
+    reason = "queue_full"
+
     def __init__(self, message: str, accepted_ids: list[str] | None = None) -> None:
         super().__init__(message)
         self.accepted_ids = accepted_ids or []
@@ -79,6 +92,8 @@ class QueueFull(RequestRejected):
 
 class RequestIdConflict(RequestRejected):
     """Raised when a request id is reused with a different model or input."""
+
+    reason = "id_conflict"
 
 
 class RequestFailed(BatchfleetError):

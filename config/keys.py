@@ -16,6 +16,8 @@ key                         type    writer                    reader            
 ``bf:m:{model}:workers``    zset    worker (heartbeat)        batcher            pruned by score
 ``bf:m:{model}:attempts``   hash    batcher (reclaim)         batcher            fields HDEL'd
                                                                                  when final
+``bf:m:{model}:stats``      hash    producer, worker,         metrics, top       none
+                            batcher (counts)
 ``bf:m:{model}:batch_cap``  string  worker (out of memory)    batcher, worker    none; DEL'd
                                                                                  when back to max
 ``bf:m:{model}:dead``       stream  batcher, worker (poison)  the operator       none; capped
@@ -100,6 +102,11 @@ class Keys:
     def attempts(self, model: str) -> str:
         """How often each stream entry was taken back from a process that died holding it."""
         return f"{self.prefix}:m:{model}:attempts"
+
+    def stats(self, model: str) -> str:
+        """The model's request counters since the fleet's Redis began: ``accepted``,
+        ``refused:{reason}``, ``completed``, ``failed:{code}``."""
+        return f"{self.prefix}:m:{model}:stats"
 
     def batch_cap(self, model: str) -> str:
         """The largest batch the model's devices ran without running out of memory."""

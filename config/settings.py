@@ -112,6 +112,8 @@ class Settings(BaseSettings):
     # Above the 1 s blocking reads of batchers and inbox listeners, which must not time out.
     redis_socket_timeout_s: float = Field(5.0, ge=2.0)
     key_prefix: str = Field("bf", pattern=r"^[A-Za-z0-9_.-]+$")
+    # Where ``--metrics-port`` serves /metrics: loopback unless told (0.0.0.0 in a container).
+    metrics_host: str = "127.0.0.1"
     models: dict[str, ModelPolicy] = Field(default_factory=default_models)
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)

@@ -21,6 +21,7 @@ from config.errors import (
     InvalidInput,
     QueueFull,
     RequestIdConflict,
+    RequestRejected,
     UnknownModel,
     UnknownRequest,
     WireFormatError,
@@ -44,25 +45,35 @@ MAX_DEADLINE_S = 7 * 24 * 3600.0
 
 # Admits a chunk of requests for one model, atomically: each id is deduplicated by its record,
 # the queue cap is checked per request, and accepted requests are appended to the stream.
-# KEYS: stream, then one request record per request
+# KEYS: stream, model's stats hash, then one request record per request
 # ARGV: max_queue_len, stream field, then per request: digest, request json, record ttl ms
 ADMIT_SCRIPT = """
 local statuses = {}
+local counts = {accepted = 0, ['refused:queue_full'] = 0, ['refused:id_conflict'] = 0}
 local queued = redis.call('XLEN', KEYS[1])
 local cap = tonumber(ARGV[1])
-for i = 2, #KEYS do
-  local at = 3 + (i - 2) * 3
+for i = 3, #KEYS do
+  local at = 3 + (i - 3) * 3
+  local status
   local record = redis.call('GET', KEYS[i])
   if record then
-    if record == ARGV[at] then statuses[i - 1] = 'duplicate' else statuses[i - 1] = 'conflict' end
+    if record == ARGV[at] then status = 'duplicate' else status = 'conflict' end
   elseif queued >= cap then
-    statuses[i - 1] = 'full'
+    status = 'full'
   else
     redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 2])
     redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
     queued = queued + 1
-    statuses[i - 1] = 'accepted'
+    status = 'accepted'
   end
+  statuses[i - 2] = status
+  if status == 'accepted' then counts.accepted = counts.accepted + 1
+  elseif status == 'full' then counts['refused:queue_full'] = counts['refused:queue_full'] + 1
+  elseif status == 'conflict' then counts['refused:id_conflict'] = counts['refused:id_conflict'] + 1
+  end
+end
+for field, count in pairs(counts) do
+  if count > 0 then redis.call('HINCRBY', KEYS[2], field, count) end
 end
 return statuses
 """
@@ -152,12 +163,19 @@ class ProducerCore:
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model)."""
         model = chunk[0].model
-        keys = [self.keys.requests(model)]
+        keys = [self.keys.requests(model), self.keys.stats(model)]
         args: list[str | int] = [self.settings.policy(model).max_queue_len, STREAM_FIELD]
         for item in chunk:
             keys.append(item.record_key)
             args += [item.digest, item.encoded, item.record_ttl_ms]
         return keys, args
+
+    def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
+        """The stats hash and field that count a refusal at the edge; None for a model the
+        fleet does not serve (its name is the caller's, and metrics label only served ones)."""
+        if model not in self.settings.models:
+            return None
+        return self.keys.stats(model), f"refused:{refusal.reason}"
 
     @staticmethod
     def _check_request_id(request_id: str | None) -> str:

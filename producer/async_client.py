@@ -12,13 +12,14 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from config.errors import BrokerUnavailable, ResultTimeout
+from config.errors import BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.admission import (
     ADMIT_SCRIPT,
     INBOX_DRAIN,
     WATCH_SCRIPT,
+    Prepared,
     ProducerCore,
     chunks,
     read_inbox,
@@ -132,7 +133,9 @@ class AsyncProducer:
         deadline_s: float | None = None,
     ) -> str:
         """Enqueues one request and returns its id; see ``Producer.submit``."""
-        prepared = self._core.prepare(model, input, request_id=request_id, deadline_s=deadline_s)
+        (prepared,) = await self._prepare(
+            model, [input], request_id=request_id, deadline_s=deadline_s
+        )
         keys, args = self._core.admit_call([prepared])
         with broker_errors():
             (reply,) = await self._admit(keys=keys, args=args)
@@ -143,7 +146,7 @@ class AsyncProducer:
         self, model: str, inputs: Iterable[Any], *, deadline_s: float | None = None
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk; see ``Producer.submit_many``."""
-        prepared = [self._core.prepare(model, item, deadline_s=deadline_s) for item in inputs]
+        prepared = await self._prepare(model, inputs, deadline_s=deadline_s)
         accepted: list[str] = []
         for chunk in chunks(prepared):
             keys, args = self._core.admit_call(chunk)
@@ -155,6 +158,27 @@ class AsyncProducer:
                 refusal.accepted_ids = accepted
                 raise refusal
         return accepted
+
+    async def _prepare(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> list[Prepared]:
+        """Validates every input; a refusal is counted in the model's stats, best effort."""
+        try:
+            return [
+                self._core.prepare(model, item, request_id=request_id, deadline_s=deadline_s)
+                for item in inputs
+            ]
+        except RequestRejected as refusal:
+            counter = self._core.refusal_count(model, refusal)
+            if counter is not None:
+                with contextlib.suppress(redis.RedisError):
+                    await self._client.hincrby(*counter, 1)
+            raise
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:
         """Awaits one request's output; see ``Producer.result``."""

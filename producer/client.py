@@ -12,13 +12,14 @@ from typing import Any
 
 import redis
 
-from config.errors import BrokerUnavailable, ResultTimeout
+from config.errors import BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.admission import (
     ADMIT_SCRIPT,
     INBOX_DRAIN,
     WATCH_SCRIPT,
+    Prepared,
     ProducerCore,
     chunks,
     read_inbox,
@@ -146,7 +147,7 @@ class Producer:
             RequestRejected: (a subclass) refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
-        prepared = self._core.prepare(model, input, request_id=request_id, deadline_s=deadline_s)
+        (prepared,) = self._prepare(model, [input], request_id=request_id, deadline_s=deadline_s)
         keys, args = self._core.admit_call([prepared])
         with broker_errors():
             (reply,) = self._admit(keys=keys, args=args)
@@ -165,7 +166,7 @@ class Producer:
             RequestRejected: (another subclass) an input was refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
-        prepared = [self._core.prepare(model, item, deadline_s=deadline_s) for item in inputs]
+        prepared = self._prepare(model, inputs, deadline_s=deadline_s)
         accepted: list[str] = []
         for chunk in chunks(prepared):
             keys, args = self._core.admit_call(chunk)
@@ -177,6 +178,27 @@ class Producer:
                 refusal.accepted_ids = accepted
                 raise refusal
         return accepted
+
+    def _prepare(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> list[Prepared]:
+        """Validates every input; a refusal is counted in the model's stats, best effort."""
+        try:
+            return [
+                self._core.prepare(model, item, request_id=request_id, deadline_s=deadline_s)
+                for item in inputs
+            ]
+        except RequestRejected as refusal:
+            counter = self._core.refusal_count(model, refusal)
+            if counter is not None:
+                with contextlib.suppress(redis.RedisError):
+                    self._client.hincrby(*counter, 1)
+            raise
 
     def result(self, request_id: str, timeout_s: float | None = None) -> Any:
         """Waits for one request's output.

@@ -27,6 +27,7 @@ from workers.batch_cap import BatchCap
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 from workers.entries import StreamEntry, read_entries, to_text
+from workers.metrics import batcher_registry, serve_metrics
 from workers.models.registry import cost_function
 from workers.policy import Pending, Plan, plan_batch
 from workers.results import ResultWriter, error_final, gave_up_final
@@ -360,7 +361,7 @@ class ModelBatcher:
 
     def _dispatch(self, batch: Sequence[Pending], reason: str | None) -> None:
         batch_id = uuid.uuid4().hex
-        self._state.dispatched(batch_id)
+        self._state.dispatched(batch_id, reason or "other")
         try:
             self._celery.send_task(
                 RUN_BATCH_TASK,
@@ -376,9 +377,17 @@ class ModelBatcher:
 
 
 def run_batchers(
-    settings: Settings, models: Sequence[str], stop: threading.Event, name: str | None = None
+    settings: Settings,
+    models: Sequence[str],
+    stop: threading.Event,
+    name: str | None = None,
+    metrics_port: int | None = None,
 ) -> bool:
-    """Runs one batcher thread per model until ``stop`` is set; False if one of them failed."""
+    """Runs one batcher thread per model until ``stop`` is set (and the models' metrics on
+    ``metrics_port``); False if one of them failed."""
+    if metrics_port is not None:
+        registry = batcher_registry(connect(settings), Keys(settings.key_prefix), models)
+        serve_metrics(registry, metrics_port, settings.metrics_host)
     celery = make_celery_app(settings)
     consumer = name or default_batcher_name()
     batchers = [

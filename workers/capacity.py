@@ -122,8 +122,12 @@ class FleetState:
             slots += int(count) if count.isdigit() else 1
         return Capacity(workers=len(members), slots=slots, inflight=int(inflight))
 
-    def dispatched(self, batch_id: str) -> None:
-        self._dispatch(keys=[self._keys.inflight(self._model)], args=[batch_id])
+    def dispatched(self, batch_id: str, reason: str) -> None:
+        """Records a batch sent (in flight, and counted by flush reason in the stats)."""
+        pipe = self._client.pipeline(transaction=False)
+        self._dispatch(keys=[self._keys.inflight(self._model)], args=[batch_id], client=pipe)
+        pipe.hincrby(self._keys.stats(self._model), f"batches:{reason}", 1)
+        pipe.execute()
 
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)

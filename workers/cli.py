@@ -31,10 +31,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = load_settings()
     models = _models(settings, args.model)
     if args.cpu or args.gpu is not None:
-        return run_worker(settings, models, gpu=args.gpu, name=args.name)
+        return run_worker(
+            settings, models, gpu=args.gpu, name=args.name, metrics_port=args.metrics_port
+        )
     if args.name:
         raise ConfigError("--name names one process: use it with --gpu N or --cpu")
-    return run_worker_per_gpu(settings, models)
+    return run_worker_per_gpu(settings, models, metrics_port=args.metrics_port)
 
 
 def cmd_batcher(args: argparse.Namespace) -> int:
@@ -50,7 +52,8 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    return 0 if run_batchers(settings, models, stop, name=args.name) else 1
+    ran = run_batchers(settings, models, stop, name=args.name, metrics_port=args.metrics_port)
+    return 0 if ran else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -109,11 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument("--cpu", action="store_true", help="one process on the CPU")
     worker.add_argument("--model", action="append", help="serve only this model (repeatable)")
     worker.add_argument("--name", help="Celery node name (default gpuN@host or cpu-PID@host)")
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (with one process per GPU: port + GPU index)",
+    )
     worker.set_defaults(handler=cmd_worker)
 
     batcher = commands.add_parser("batcher", help="run the micro-batcher")
     batcher.add_argument("--model", action="append", help="batch only this model (repeatable)")
     batcher.add_argument("--name", help="consumer name, unique per batcher (default batcher@host)")
+    batcher.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     batcher.set_defaults(handler=cmd_batcher)
 
     demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")

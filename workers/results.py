@@ -17,8 +17,9 @@ import redis
 from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
 from config.schema import ErrorCode, ErrorInfo, Request, Result
 
-# KEYS: result, request record, waiters, stream, attempts hash
-# ARGV: result json, digest ('' = write whatever the record holds), ttl ms, group, entry id
+# KEYS: result, request record, waiters, stream, attempts hash, model's stats hash
+# ARGV: result json, digest ('' = write whatever the record holds), ttl ms, group, entry id,
+#       stats field counting the answer ('completed' or 'failed:{code}')
 FINALIZE_SCRIPT = """
 local status
 local record = redis.call('GET', KEYS[2])
@@ -31,6 +32,7 @@ elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then
     redis.call('PEXPIRE', inbox, ARGV[3])
   end
   redis.call('DEL', KEYS[3])
+  redis.call('HINCRBY', KEYS[6], ARGV[6], 1)
   status = 'written'
 else
   status = 'duplicate'
@@ -123,9 +125,10 @@ def gave_up_final(request: Request, entry_id: str, attempts: int, ttl_s: float) 
     )
 
 
-def encode_answer(result: Result) -> str:
-    """The result's JSON; when an output cannot be encoded (a lone surrogate, say), the
-    request's answer becomes a ``model_error`` saying so, never a failed write."""
+def encode_answer(result: Result) -> tuple[str, str]:
+    """The result's JSON and the stats field that counts it; when an output cannot be
+    encoded (a lone surrogate, say), the request's answer becomes a ``model_error`` saying
+    so, never a failed write."""
     try:
         payload = result.encode()
         payload.encode()
@@ -137,8 +140,8 @@ def encode_answer(result: Result) -> str:
             f"output cannot be encoded: {exc}",
             submitted_at=result.submitted_at,
         )
-        return fallback.encode()
-    return payload
+        return fallback.encode(), "failed:model_error"
+    return payload, "completed" if result.error is None else f"failed:{result.error.code}"
 
 
 class ResultWriter:
@@ -158,7 +161,7 @@ class ResultWriter:
         pipe = self._client.pipeline(transaction=False)
         for final in finals:
             request_id = final.result.request_id
-            payload = encode_answer(final.result)
+            payload, counted_as = encode_answer(final.result)
             self._script(
                 keys=[
                     self._keys.result(request_id),
@@ -166,6 +169,7 @@ class ResultWriter:
                     self._keys.waiters(request_id),
                     self._keys.requests(self._model),
                     self._keys.attempts(self._model),
+                    self._keys.stats(self._model),
                 ],
                 args=[
                     payload,
@@ -173,6 +177,7 @@ class ResultWriter:
                     int(final.ttl_s * 1000),
                     CONSUMER_GROUP,
                     final.entry_id,
+                    counted_as,
                 ],
                 client=pipe,
             )

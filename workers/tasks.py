@@ -24,6 +24,7 @@ from workers.capacity import FleetState, device_heartbeat, publish_gpu, slots_of
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
 from workers.gpu import GpuTelemetry
+from workers.metrics import WorkerMetrics
 from workers.models.base import ItemError, Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final, gave_up_final
@@ -48,6 +49,7 @@ class WorkerRuntime:
         self.device = device
         self.model_names = list(models)
         self.gpu = GpuTelemetry(gpu)
+        self.metrics = WorkerMetrics(self.gpu, hostname)
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
         self._models: dict[str, Model] = {}
@@ -184,6 +186,7 @@ class WorkerRuntime:
                             {item[0]: flush_reason},
                         )
                     )
+                    self._observe(model_name, single)
         elif runnable or policy.tops_up:
             fill_to = self.batch_cap(model_name).current() if policy.tops_up else 0
             late, runs = self._run_on_device(model_name, stream, runnable, fill_to, writer, finals)
@@ -193,8 +196,15 @@ class WorkerRuntime:
         reasons.update({entry_id: "late" for entry_id, _ in late})
         finals.extend(self._answers(model_name, batch_id, runs, policy.result_ttl_s, reasons))
         writer.finalize(finals)
+        self._observe(model_name, runs)
         writer.drop(read.dropped)
         return len(runnable)
+
+    def _observe(self, model_name: str, runs: Sequence[ModelRun]) -> None:
+        """Tells the metrics of model calls whose answers are written."""
+        for run in runs:
+            requests = [request for _, request in run.items]
+            self.metrics.observe_run(model_name, requests, run.model_s, run.finished_at)
 
     def _count_attempts(
         self,

@@ -20,6 +20,7 @@ from config.settings import Settings
 from workers.capacity import FleetState, slots_of
 from workers.celery_app import make_celery_app
 from workers.gpu import gpu_count, hide_gpus, pin_to_gpu
+from workers.metrics import serve_metrics
 from workers.tasks import WorkerRuntime, register_tasks
 
 log = logging.getLogger(__name__)
@@ -108,9 +109,14 @@ class Heartbeat:
 
 
 def run_worker(
-    settings: Settings, models: Sequence[str], gpu: int | None, name: str | None = None
+    settings: Settings,
+    models: Sequence[str],
+    gpu: int | None,
+    name: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
-    """Runs one Celery worker process serving ``models``; returns its exit code."""
+    """Runs one Celery worker process serving ``models`` (and its metrics on
+    ``metrics_port``); returns its exit code."""
     device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
     # The next batch's thread must take the device the moment it frees, not when the
     # finishing thread's 5 ms GIL slice ends.
@@ -120,6 +126,10 @@ def run_worker(
         log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
     runtime = WorkerRuntime(settings, hostname, device, models, gpu=gpu)
     pool = settings.worker.pool
+    if metrics_port is not None:
+        if pool == "prefork":
+            log.warning("metrics: batches run in prefork children, whose figures are not served")
+        serve_metrics(runtime.metrics.registry, metrics_port, settings.metrics_host)
     if pool == "prefork":
         worker_process_init.connect(lambda **_: runtime.start(), weak=False)
     else:
@@ -143,18 +153,27 @@ def run_worker(
     return int(worker.exitcode or 0)
 
 
-def run_worker_per_gpu(settings: Settings, models: Sequence[str]) -> int:
-    """Starts one pinned worker process per GPU NVML reports (one CPU worker if none)."""
+def run_worker_per_gpu(
+    settings: Settings, models: Sequence[str], metrics_port: int | None = None
+) -> int:
+    """Starts one pinned worker process per GPU NVML reports (one CPU worker if none); the
+    one on GPU N serves its metrics on ``metrics_port + N``."""
     count = gpu_count()
     if count == 0:
         log.info("no GPU found: starting one CPU worker")
-        return run_worker(settings, models, gpu=None)
+        return run_worker(settings, models, gpu=None, metrics_port=metrics_port)
     if count == 1:
-        return run_worker(settings, models, gpu=0)
+        return run_worker(settings, models, gpu=0, metrics_port=metrics_port)
     command = [sys.executable, "-m", "workers.cli", "worker"]
     for model in models:
         command += ["--model", model]
-    children = [subprocess.Popen([*command, "--gpu", str(index)]) for index in range(count)]
+
+    def metrics(index: int) -> list[str]:
+        return [] if metrics_port is None else ["--metrics-port", str(metrics_port + index)]
+
+    children = [
+        subprocess.Popen([*command, "--gpu", str(index), *metrics(index)]) for index in range(count)
+    ]
     log.info("started %d workers, one per GPU", count)
 
     def forward(signum: int, _frame: FrameType | None) -> None:

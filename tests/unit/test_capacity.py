@@ -17,7 +17,7 @@ def test_live_workers_slots_and_batches_in_flight_are_counted(
     state = FleetState(fake_redis, Keys("bf"), "m")
     state.heartbeat(worker_member("a", 2), ttl_s=30)
     state.heartbeat(worker_member("b", 1), ttl_s=30)
-    state.dispatched("batch-1")
+    state.dispatched("batch-1", "size")
     capacity = state.capacity(LEASE_S)
     assert (capacity.workers, capacity.slots, capacity.inflight) == (2, 3, 1)
     assert capacity.free_slots(batches_per_slot=1) == 2
@@ -33,7 +33,7 @@ def test_a_dead_workers_batches_free_their_slots_at_once(fake_redis: fakeredis.F
     state.heartbeat(dead, ttl_s=30)
     state.heartbeat(alive, ttl_s=30)
     for batch in ("started-by-dead", "queued"):
-        state.dispatched(batch)
+        state.dispatched(batch, "size")
     state.batch_started("started-by-dead", dead)
     assert state.capacity(LEASE_S).inflight == 2
     state.leave(dead)
