@@ -23,7 +23,7 @@ key                         type    writer                    reader            
 ``bf:m:{model}:dead``       stream  batcher, worker (poison)  the operator       none; capped
                                                                                  near 10,000
 ``bf:devices``              zset    worker (heartbeat)        worker             pruned by score
-``bf:gpu:{hostname}``       hash    worker (heartbeat)        the operator       3 heartbeats
+``bf:node:{hostname}``      hash    worker (heartbeat)        top, the operator  3 heartbeats
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -95,9 +95,9 @@ class Keys:
         """Live worker processes' device consumers, scored by their heartbeat's expiry."""
         return f"{self.prefix}:devices"
 
-    def gpu(self, hostname: str) -> str:
-        """The latest NVML reading of the GPU a worker is pinned to (a hash of figures)."""
-        return f"{self.prefix}:gpu:{hostname}"
+    def node(self, hostname: str) -> str:
+        """A worker process's status: its work done and its GPU's latest NVML reading."""
+        return f"{self.prefix}:node:{hostname}"
 
     def attempts(self, model: str) -> str:
         """How often each stream entry was taken back from a process that died holding it."""

@@ -96,6 +96,21 @@ class WorkerSettings(BaseModel):
         return 3 * self.heartbeat_s
 
 
+class AlertSettings(BaseModel):
+    """When a worker warns (and ``config/prometheus/alerts.yml`` fires, with the same
+    thresholds): a GPU under ``low_utilisation`` while requests wait, a GPU over
+    ``temperature_c``, a queue deeper than ``queue_depth`` (each held for ``for_s``), and a
+    worker that finished nothing for ``stuck_s`` while requests wait."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    low_utilisation: float = Field(0.5, ge=0, le=1)
+    temperature_c: float = Field(85.0, gt=0)
+    queue_depth: int = Field(10_000, ge=1)
+    for_s: float = Field(60.0, ge=0)
+    stuck_s: float = Field(120.0, gt=0)
+
+
 def default_models() -> dict[str, ModelPolicy]:
     """With no configuration the fleet serves one synthetic model named ``synthetic``."""
     return {"synthetic": ModelPolicy()}
@@ -117,6 +132,7 @@ class Settings(BaseSettings):
     models: dict[str, ModelPolicy] = Field(default_factory=default_models)
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
 
     @model_validator(mode="after")
     def _check_time_limits(self) -> Settings:

@@ -6,7 +6,7 @@ skewed clocks still agree on who is alive.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,23 +152,32 @@ class FleetState:
         self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
 
 
-def device_heartbeat(client: redis.Redis, keys: Keys, device_consumer: str, ttl_s: float) -> None:
-    """Marks a worker process's device consumer alive for ``ttl_s``: a batch delivered again
-    leaves what a live device holds to it, and counts a death for what a gone one held."""
+def node_heartbeat(
+    client: redis.Redis,
+    keys: Keys,
+    hostname: str,
+    device_consumer: str,
+    status: Mapping[Any, str],
+    models: Sequence[str],
+    ttl_s: float,
+) -> dict[str, int]:
+    """A worker process's heartbeat, in one round trip: marks its device consumer alive (a
+    batch delivered again leaves what a live device holds to it, and counts a death for what
+    a gone one held), replaces its status hash, both kept for ``ttl_s``; returns its models'
+    queue depths."""
+    pipe = client.pipeline(transaction=False)
     client.register_script(DEVICE_HEARTBEAT_SCRIPT)(
-        keys=[keys.devices()], args=[device_consumer, ttl_s]
+        keys=[keys.devices()], args=[device_consumer, ttl_s], client=pipe
     )
-
-
-def publish_gpu(
-    client: redis.Redis, keys: Keys, hostname: str, reading: Mapping[Any, str], ttl_s: float
-) -> None:
-    """Publishes the latest reading of a worker's GPU, kept for ``ttl_s``."""
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(keys.gpu(hostname))
-    pipe.hset(keys.gpu(hostname), mapping=reading)
-    pipe.pexpire(keys.gpu(hostname), int(ttl_s * 1000))
-    pipe.execute()
+    pipe.delete(keys.node(hostname))
+    if status:
+        pipe.hset(keys.node(hostname), mapping=status)
+        pipe.pexpire(keys.node(hostname), int(ttl_s * 1000))
+    for model in models:
+        pipe.xlen(keys.requests(model))
+    replies = pipe.execute()
+    depths = replies[len(replies) - len(models) :]
+    return {model: int(depth) for model, depth in zip(models, depths, strict=True)}
 
 
 def slots_of(settings: Settings) -> int:

@@ -111,8 +111,11 @@ class GpuReading:
         return self.memory_total_bytes - self.memory_used_bytes
 
     def fields(self) -> dict[str, str]:
-        """The reading as a flat string map (a Redis hash); absent figures are left out."""
-        return {key: str(value) for key, value in asdict(self).items() if value is not None}
+        """The reading as a flat string map (a Redis hash), each name prefixed ``gpu_``;
+        absent figures are left out."""
+        return {
+            f"gpu_{key}": str(value) for key, value in asdict(self).items() if value is not None
+        }
 
 
 class GpuTelemetry:

@@ -19,8 +19,9 @@ from config.keys import CONSUMER_GROUP, Keys, device_consumer, worker_consumer
 from config.schema import STREAM_FIELD, ErrorCode, Request, Result, canonical_json
 from config.settings import Settings
 from producer.client import connect
+from workers.alerts import WorkerAlerts
 from workers.batch_cap import BatchCap, is_out_of_memory
-from workers.capacity import FleetState, device_heartbeat, publish_gpu, slots_of, worker_member
+from workers.capacity import FleetState, node_heartbeat, slots_of, worker_member
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
 from workers.gpu import GpuTelemetry
@@ -50,6 +51,8 @@ class WorkerRuntime:
         self.model_names = list(models)
         self.gpu = GpuTelemetry(gpu)
         self.metrics = WorkerMetrics(self.gpu, hostname)
+        self.work = WorkDone()
+        self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
         self._models: dict[str, Model] = {}
@@ -83,16 +86,30 @@ class WorkerRuntime:
             time.sleep(self.settings.worker.heartbeat_s)
 
     def beat(self) -> None:
-        """Marks this process's device consumer alive and publishes a fresh reading of its
-        GPU; run every heartbeat. Redis being away only logs: the next beat tries again."""
-        ttl_s = self.settings.worker.heartbeat_ttl_s
+        """Marks this process's device consumer alive, publishes its status (work done, its
+        GPU's fresh reading) and checks its alerts; run every heartbeat. Redis being away
+        only logs: the next beat tries again."""
         reading = self.gpu.read()
+        status = {
+            "device": self.device,
+            "models": ",".join(self.model_names),
+            **(reading.fields() if reading is not None else {}),
+            **self.work.fields(),
+        }
         try:
-            device_heartbeat(self.client, self.keys, self.device_consumer, ttl_s)
-            if reading is not None:
-                publish_gpu(self.client, self.keys, self.hostname, reading.fields(), ttl_s)
+            depths = node_heartbeat(
+                self.client,
+                self.keys,
+                self.hostname,
+                self.device_consumer,
+                status,
+                self.model_names,
+                self.settings.worker.heartbeat_ttl_s,
+            )
         except redis.RedisError as exc:
             log.warning("device heartbeat failed: %s", exc)
+            return
+        self.alerts.check(time.time(), reading, depths, self.work.last_batch_at)
 
     def memory_low(self) -> bool:
         """Whether the pinned GPU's latest reading has less free memory than a batch needs
@@ -205,6 +222,7 @@ class WorkerRuntime:
         for run in runs:
             requests = [request for _, request in run.items]
             self.metrics.observe_run(model_name, requests, run.model_s, run.finished_at)
+            self.work.add(len(requests), run.model_s, run.finished_at)
 
     def _count_attempts(
         self,
@@ -418,6 +436,34 @@ class WorkerRuntime:
                 )
                 finals.append(Final(entry_id, result, request.digest, ttl_s))
         return finals
+
+
+class WorkDone:
+    """What a worker process has run since it started, for its status in Redis."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches = self.requests = 0
+        self.busy_s = 0.0
+        self.last_batch_at: float | None = None
+
+    def add(self, requests: int, model_s: float, finished_at: float) -> None:
+        with self._lock:
+            self.batches += 1
+            self.requests += requests
+            self.busy_s += model_s
+            self.last_batch_at = finished_at
+
+    def fields(self) -> dict[str, str]:
+        with self._lock:
+            done = {
+                "batches": str(self.batches),
+                "requests": str(self.requests),
+                "busy_s": f"{self.busy_s:.6f}",
+            }
+            if self.last_batch_at is not None:
+                done["last_batch_at"] = f"{self.last_batch_at:.3f}"
+            return done
 
 
 class GpuMemoryLow(Exception):

@@ -19,7 +19,7 @@ from config.settings import ModelPolicy, Settings
 from producer.admission import ProducerCore
 from producer.client import Producer
 from workers.batcher import ModelBatcher
-from workers.capacity import FleetState, device_heartbeat, worker_member
+from workers.capacity import FleetState, node_heartbeat, worker_member
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.tasks import WorkerRuntime
@@ -459,7 +459,7 @@ def test_a_redelivered_batch_leaves_what_a_live_device_is_running_to_it(
     batcher.step()
     model, batch_id, entries, reason = celery.sent[0]["args"]
     live = device_consumer("other", "alive")
-    device_heartbeat(fake_redis, KEYS, live, ttl_s=30)
+    node_heartbeat(fake_redis, KEYS, "other", live, {}, [], ttl_s=30)
     fake_redis.xclaim(STREAM, CONSUMER_GROUP, live, 0, [entries[0][0]])
     runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
     assert not fake_redis.exists(KEYS.result(ids[0]))

@@ -102,8 +102,8 @@ def test_a_figure_the_gpu_does_not_report_is_left_out(nvml: FakeNvml) -> None:
     telemetry = GpuTelemetry(1)
     reading = telemetry.read()
     assert reading is not None and reading.power_w is None
-    assert "power_w" not in reading.fields()
-    assert reading.fields()["memory_used_bytes"] == str(30 * 2**30)
+    assert "gpu_power_w" not in reading.fields()
+    assert reading.fields()["gpu_memory_used_bytes"] == str(30 * 2**30)
     assert telemetry.latest == reading
 
 
@@ -127,15 +127,19 @@ def test_without_a_gpu_or_nvml_telemetry_says_so_once_and_never_raises(
     assert telemetry.latest is None
 
 
-def test_each_worker_beat_publishes_its_gpu_reading_and_marks_its_device_alive(
+def test_each_worker_beat_publishes_its_status_and_marks_its_device_alive(
     nvml: FakeNvml, fake_redis: fakeredis.FakeRedis
 ) -> None:
-    """What `batchfleet top` and the metrics read: the pinned GPU's latest figures, kept for
-    three heartbeats; and the process's device consumer, alive as long."""
+    """What `batchfleet top` reads: the worker's GPU figures and work done, kept for three
+    heartbeats; and its device consumer, alive as long."""
     runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, gpu=0)
+    runtime.work.add(requests=8, model_s=0.25, finished_at=1000.0)
     runtime.beat()
-    published = fake_redis.hgetall(KEYS.gpu("gpu0@h"))
-    assert published[b"temperature_c"] == b"61.0"
-    assert published[b"power_w"] == b"412.5"
-    assert 0 < fake_redis.pttl(KEYS.gpu("gpu0@h")) <= 3000
+    published = fake_redis.hgetall(KEYS.node("gpu0@h"))
+    assert published[b"gpu_temperature_c"] == b"61.0"
+    assert published[b"gpu_power_w"] == b"412.5"
+    assert published[b"models"] == b"synthetic"
+    assert (published[b"batches"], published[b"requests"]) == (b"1", b"8")
+    assert float(published[b"busy_s"]) == 0.25
+    assert 0 < fake_redis.pttl(KEYS.node("gpu0@h")) <= 3000
     assert fake_redis.zscore(KEYS.devices(), runtime.device_consumer) is not None
