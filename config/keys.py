@@ -18,6 +18,8 @@ key                         type    writer                    reader            
                                                                                  when final
 ``bf:m:{model}:stats``      hash    producer, worker,         metrics, top       none
                             batcher (counts)
+``bf:m:{model}:latency``    list    worker (finalize)         top                none; capped at
+                                                                                 2,000 items
 ``bf:m:{model}:batch_cap``  string  worker (out of memory)    batcher, worker    none; DEL'd
                                                                                  when back to max
 ``bf:m:{model}:dead``       stream  batcher, worker (poison)  the operator       none; capped
@@ -107,6 +109,10 @@ class Keys:
         """The model's request counters since the fleet's Redis began: ``accepted``,
         ``refused:{reason}``, ``completed``, ``failed:{code}``."""
         return f"{self.prefix}:m:{model}:stats"
+
+    def latencies(self, model: str) -> str:
+        """The model's latest answers: ``finished_at:latency_s`` items, newest first, capped."""
+        return f"{self.prefix}:m:{model}:latency"
 
     def batch_cap(self, model: str) -> str:
         """The largest batch the model's devices ran without running out of memory."""

@@ -1,4 +1,4 @@
-"""The ``batchfleet`` command: ``worker``, ``batcher`` and ``demo``."""
+"""The ``batchfleet`` command: ``worker``, ``batcher``, ``top``, ``demo`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -54,6 +54,16 @@ def cmd_batcher(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     ran = run_batchers(settings, models, stop, name=args.name, metrics_port=args.metrics_port)
     return 0 if ran else 1
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from config.keys import Keys
+    from producer.client import connect
+    from workers.top import run_top
+
+    settings = load_settings()
+    models = _models(settings, args.model)
+    return run_top(connect(settings), Keys(settings.key_prefix), models, args.refresh)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -124,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     batcher.add_argument("--name", help="consumer name, unique per batcher (default batcher@host)")
     batcher.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     batcher.set_defaults(handler=cmd_batcher)
+
+    top = commands.add_parser("top", help="a live view of the fleet (Ctrl-C to leave)")
+    top.add_argument("--model", action="append", help="show only this model (repeatable)")
+    top.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
+    top.set_defaults(handler=cmd_top)
 
     demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")
     demo.add_argument("--requests", type=int, default=2000, help="requests in the batched run")

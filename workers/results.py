@@ -79,6 +79,7 @@ return counts
 
 
 DEAD_LETTER_MAXLEN = 10_000
+RECENT_LATENCIES = 2000  # the answers `batchfleet top` computes latency percentiles from
 
 
 @dataclass(frozen=True)
@@ -181,9 +182,16 @@ class ResultWriter:
                 ],
                 client=pipe,
             )
-        return [
-            status.decode() if isinstance(status, bytes) else status for status in pipe.execute()
+        recent = [
+            f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
+            for result in (final.result for final in finals)
+            if result.submitted_at is not None
         ]
+        if recent:
+            pipe.lpush(self._keys.latencies(self._model), *recent)
+            pipe.ltrim(self._keys.latencies(self._model), 0, RECENT_LATENCIES - 1)
+        statuses = pipe.execute()[: len(finals)]
+        return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
     def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:
         """Copies requests given up as poison (entry id, raw request, deaths) to the model's

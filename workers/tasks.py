@@ -91,6 +91,7 @@ class WorkerRuntime:
         only logs: the next beat tries again."""
         reading = self.gpu.read()
         status = {
+            "at": f"{time.time():.3f}",
             "device": self.device,
             "models": ",".join(self.model_names),
             **(reading.fields() if reading is not None else {}),

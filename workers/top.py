@@ -1,0 +1,200 @@
+"""``batchfleet top``: a live terminal view of the fleet, read from Redis alone.
+
+Per model: queue depth, requests in and out per second, mean batch size, p50/p99 latency of
+the latest answers, error rate. Per worker: its device, busy fraction, GPU utilisation and
+memory, and how long ago it finished a batch. Rates are the change, over the last
+``RATE_WINDOW_S``, of the counters producers, batchers and workers keep in Redis.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from config.keys import Keys
+from workers.entries import to_text
+
+LATENCY_WINDOW_S = 60.0
+RATE_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of the fleet, at Redis server time ``now``."""
+
+    now: float
+    depths: dict[str, int]
+    stats: dict[str, dict[str, int]]
+    latencies: dict[str, list[tuple[float, float]]]
+    nodes: dict[str, dict[str, str]]
+
+
+def read_snapshot(client: redis.Redis, keys: Keys, models: Sequence[str]) -> Snapshot:
+    """The fleet's counters, queues, latest latencies and live workers, in two round trips."""
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for model in models:
+        pipe.xlen(keys.requests(model))
+        pipe.hgetall(keys.stats(model))
+        pipe.lrange(keys.latencies(model), 0, -1)
+        pipe.zrange(keys.workers(model), 0, -1, withscores=True)
+    replies: list[Any] = pipe.execute()
+    seconds, micros = replies[0]
+    server_now = seconds + micros / 1e6
+    depths, stats, latencies, hostnames = {}, {}, {}, set()
+    for index, model in enumerate(models):
+        depth, counts, recent, members = replies[1 + 4 * index : 5 + 4 * index]
+        depths[model] = int(depth)
+        stats[model] = {to_text(field): int(count) for field, count in counts.items()}
+        latencies[model] = [_latency(item) for item in recent]
+        hostnames |= {
+            to_text(member).rpartition("|")[0]
+            for member, alive_until in members
+            if alive_until > server_now
+        }
+    pipe = client.pipeline(transaction=False)
+    names = sorted(hostnames)
+    for hostname in names:
+        pipe.hgetall(keys.node(hostname))
+    nodes = {
+        hostname: {to_text(field): to_text(value) for field, value in status.items()}
+        for hostname, status in zip(names, pipe.execute(), strict=True)
+    }
+    return Snapshot(server_now, depths, stats, latencies, nodes)
+
+
+def _latency(item: bytes | str) -> tuple[float, float]:
+    finished_at, _, latency_s = to_text(item).partition(":")
+    return float(finished_at), float(latency_s)
+
+
+def _per_s(now: int, before: int, elapsed_s: float) -> float:
+    return max(0, now - before) / elapsed_s if elapsed_s > 0 else 0.0
+
+
+def _answered(stats: dict[str, int]) -> tuple[int, int]:
+    failed = sum(count for field, count in stats.items() if field.startswith("failed:"))
+    return stats.get("completed", 0), failed
+
+
+def model_table(before: Snapshot, now: Snapshot) -> Table:
+    elapsed_s = now.now - before.now
+    headers = ("model", "queue", "in/s", "out/s", "batch", "p50", "p99", "err")
+    table = _table("models (latency in ms)", headers)
+    for model, depth in now.depths.items():
+        stats, old = now.stats[model], before.stats.get(model, {})
+        ok, failed = _answered(stats)
+        old_ok, old_failed = _answered(old)
+        done = max(0, ok + failed - old_ok - old_failed)
+        recent = [
+            latency_s
+            for finished_at, latency_s in now.latencies[model]
+            if finished_at >= now.now - LATENCY_WINDOW_S
+        ]
+        p50, p99 = _percentiles(recent)
+        table.add_row(
+            model,
+            str(depth),
+            _figure(_per_s(stats.get("accepted", 0), old.get("accepted", 0), elapsed_s)),
+            _figure(done / elapsed_s if elapsed_s > 0 else 0.0),
+            _mean_batch(model, before, now),
+            p50,
+            p99,
+            f"{max(0, failed - old_failed) / done:.0%}" if done else "-",
+        )
+    return table
+
+
+def _figure(value: float) -> str:
+    """A figure in at most five characters: tenths below 100, whole numbers above."""
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _percentiles(latencies_s: list[float]) -> tuple[str, str]:
+    if len(latencies_s) < 2:
+        return ("-", "-") if not latencies_s else (_figure(latencies_s[0] * 1000),) * 2
+    cuts = statistics.quantiles(latencies_s, n=100, method="inclusive")
+    return _figure(cuts[49] * 1000), _figure(cuts[98] * 1000)
+
+
+def _mean_batch(model: str, before: Snapshot, now: Snapshot) -> str:
+    """Requests per model call over the refresh, across the workers serving ``model``."""
+    requests = batches = 0
+    for hostname, status in now.nodes.items():
+        if model not in status.get("models", "").split(","):
+            continue
+        old = before.nodes.get(hostname, {})
+        requests += int(status.get("requests", 0)) - int(old.get("requests", 0))
+        batches += int(status.get("batches", 0)) - int(old.get("batches", 0))
+    return f"{requests / batches:.1f}" if batches > 0 else "-"
+
+
+def worker_table(before: Snapshot, now: Snapshot) -> Table:
+    table = _table("workers", ("worker", "device", "busy", "GPU", "memory", "last batch"))
+    for hostname, status in sorted(now.nodes.items()):
+        old = before.nodes.get(hostname, {})
+        # The worker's own clock: its status changes once a heartbeat, not once a refresh.
+        worked_s = float(status.get("busy_s", 0)) - float(old.get("busy_s", 0))
+        beats_s = float(status.get("at", 0)) - float(old.get("at", 0))
+        utilisation = status.get("gpu_utilisation")
+        used, total = status.get("gpu_memory_used_bytes"), status.get("gpu_memory_total_bytes")
+        last = status.get("last_batch_at")
+        table.add_row(
+            hostname,
+            status.get("gpu_name", status.get("device", "?")),
+            f"{worked_s / beats_s:.0%}" if old and beats_s > 0 else "-",
+            f"{float(utilisation):.0%}" if utilisation else "-",
+            f"{int(used) / 2**30:.1f}/{int(total) / 2**30:.0f}G" if used and total else "-",
+            f"{now.now - float(last):.1f}s ago" if last else "never",
+        )
+    return table
+
+
+def _table(title: str, headers: Sequence[str]) -> Table:
+    """A compact table (no vertical rules) whose first column is never cut: the view stays
+    readable on a narrow terminal."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for index, header in enumerate(headers):
+        table.add_column(
+            header,
+            justify="left" if index == 0 or header == "device" else "right",
+            no_wrap=index == 0,
+            min_width=len(header),
+        )
+    return table
+
+
+def run_top(client: redis.Redis, keys: Keys, models: Sequence[str], refresh_s: float = 1.0) -> int:
+    """Redraws the view every ``refresh_s`` until Ctrl-C; rates span the last
+    ``RATE_WINDOW_S``."""
+    console = Console()
+    history = deque([read_snapshot(client, keys, models)])
+    try:
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(refresh_s)
+                now = read_snapshot(client, keys, models)
+                while len(history) > 1 and now.now - history[1].now >= RATE_WINDOW_S:
+                    history.popleft()
+                before = history[0]
+                history.append(now)
+                live.update(Group(model_table(before, now), worker_table(before, now)))
+                live.refresh()
+    except KeyboardInterrupt:
+        return 0
