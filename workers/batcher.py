@@ -367,6 +367,8 @@ class ModelBatcher:
                 RUN_BATCH_TASK,
                 args=[self.model, batch_id, [[item.entry_id, item.raw] for item in batch], reason],
                 queue=self.keys.celery_queue(self.model),
+                # What Flower shows of the batch: its size, never the inputs.
+                argsrepr=f"({self.model!r}, {batch_id!r}, <{len(batch)} requests>, {reason!r})",
             )
         except Exception:
             self._state.undispatched(batch_id)

@@ -1,4 +1,4 @@
-"""The ``batchfleet`` command: ``worker``, ``batcher``, ``top``, ``demo`` and ``bench``."""
+"""The ``batchfleet`` command: ``worker``, ``batcher``, ``top``, ``flower``, ``demo``, ``bench``."""
 
 from __future__ import annotations
 
@@ -64,6 +64,19 @@ def cmd_top(args: argparse.Namespace) -> int:
     settings = load_settings()
     models = _models(settings, args.model)
     return run_top(connect(settings), Keys(settings.key_prefix), models, args.refresh)
+
+
+def cmd_flower(args: argparse.Namespace) -> int:
+    import os
+
+    from workers.celery_app import make_celery_app
+
+    if ":" not in os.environ.get("FLOWER_BASIC_AUTH", ""):
+        raise ConfigError("set FLOWER_BASIC_AUTH=user:password: Flower shows every batch")
+    app = make_celery_app(load_settings())
+    # The broker URL and the credentials stay out of argv (ps); Flower reads FLOWER_* itself.
+    app.start(["flower", f"--port={args.port}", f"--address={args.address}"])
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -139,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--model", action="append", help="show only this model (repeatable)")
     top.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
     top.set_defaults(handler=cmd_top)
+
+    flower = commands.add_parser(
+        "flower", help="Flower on the fleet's broker, behind FLOWER_BASIC_AUTH=user:password"
+    )
+    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--address", default="127.0.0.1", help="0.0.0.0 in a container")
+    flower.set_defaults(handler=cmd_flower)
 
     demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")
     demo.add_argument("--requests", type=int, default=2000, help="requests in the batched run")

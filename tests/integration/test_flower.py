@@ -1,0 +1,59 @@
+"""Flower on the fleet's broker: behind basic auth, showing the workers and each batch task
+with its size (never its inputs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from workers.local_fleet import LocalFleet
+from workers.local_redis import free_port
+
+from .conftest import producer_for, wait_ready
+
+AUTH = ("admin", "s3cret-for-tests")
+
+
+def poll(get: Callable[[], Any], until: Callable[[Any], bool], timeout_s: float = 60) -> Any:
+    """``get()`` until ``until`` holds for its value (Flower learns of workers and tasks
+    through Celery events, a moment after they happen)."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = get()
+            if until(value):
+                return value
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < give_up, "Flower did not show it in time"
+        time.sleep(0.5)
+
+
+def test_flower_shows_the_workers_and_batch_sizes_behind_basic_auth(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    port = free_port()
+    fleet = make_fleet(FLOWER_BASIC_AUTH=":".join(AUTH))
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu", "--name", "w1@flower")
+    fleet.start("flower", "--port", str(port))
+    api = f"http://127.0.0.1:{port}/api"
+    poll(lambda: httpx.get(f"{api}/workers", timeout=5).status_code, lambda code: code == 401)
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        ids = producer.submit_many("synthetic", [f"secret input {n}" for n in range(40)])
+        list(producer.results(ids, timeout_s=60))
+    tasks = poll(
+        lambda: httpx.get(f"{api}/tasks", auth=AUTH, timeout=5).json(),
+        lambda found: sum(str(task.get("args")).count("requests>") for task in found.values()) >= 2,
+    )
+    assert not any("secret input" in str(task.get("args")) for task in tasks.values())
+    assert {task["worker"] for task in tasks.values() if task.get("worker")} == {"w1@flower"}
+    workers = poll(
+        lambda: httpx.get(f"{api}/workers", params={"refresh": 1}, auth=AUTH, timeout=10).json(),
+        lambda found: "w1@flower" in found,
+    )
+    assert "w1@flower" in workers
