@@ -26,6 +26,7 @@ key                         type    writer                    reader            
                                                                                  near 10,000
 ``bf:devices``              zset    worker (heartbeat)        worker             pruned by score
 ``bf:node:{hostname}``      hash    worker (heartbeat)        top, the operator  3 heartbeats
+``bf:gpuclaim:{gpu uuid}``  string  worker (--gpu auto)       worker             3 heartbeats
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -96,6 +97,10 @@ class Keys:
     def devices(self) -> str:
         """Live worker processes' device consumers, scored by their heartbeat's expiry."""
         return f"{self.prefix}:devices"
+
+    def gpu_claim(self, gpu_uuid: str) -> str:
+        """Which worker (``--gpu auto``) runs on the GPU of this UUID; expires unless renewed."""
+        return f"{self.prefix}:gpuclaim:{gpu_uuid}"
 
     def node(self, hostname: str) -> str:
         """A worker process's status: its work done and its GPU's latest NVML reading."""

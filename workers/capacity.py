@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
 
@@ -160,11 +161,12 @@ def node_heartbeat(
     status: Mapping[Any, str],
     models: Sequence[str],
     ttl_s: float,
+    gpu_claim: str | None = None,
 ) -> dict[str, int]:
     """A worker process's heartbeat, in one round trip: marks its device consumer alive (a
     batch delivered again leaves what a live device holds to it, and counts a death for what
-    a gone one held), replaces its status hash, both kept for ``ttl_s``; returns its models'
-    queue depths."""
+    a gone one held), replaces its status hash and renews its GPU claim (``--gpu auto``), all
+    kept for ``ttl_s``; returns its models' queue depths."""
     pipe = client.pipeline(transaction=False)
     client.register_script(DEVICE_HEARTBEAT_SCRIPT)(
         keys=[keys.devices()], args=[device_consumer, ttl_s], client=pipe
@@ -173,11 +175,33 @@ def node_heartbeat(
     if status:
         pipe.hset(keys.node(hostname), mapping=status)
         pipe.pexpire(keys.node(hostname), int(ttl_s * 1000))
+    if gpu_claim is not None:
+        pipe.set(gpu_claim, hostname, px=int(ttl_s * 1000))
     for model in models:
         pipe.xlen(keys.requests(model))
     replies = pipe.execute()
     depths = replies[len(replies) - len(models) :]
     return {model: int(depth) for model, depth in zip(models, depths, strict=True)}
+
+
+def claim_gpu(
+    client: redis.Redis, keys: Keys, gpu_uuids: Sequence[str], owner: str, ttl_s: float
+) -> int:
+    """The index of the first of ``gpu_uuids`` no live worker has claimed, now claimed by
+    ``owner`` for ``ttl_s`` (its heartbeat renews it): replicas of one worker service, each
+    seeing every GPU of the host, take one GPU each.
+
+    Raises:
+        ConfigError: there is no GPU, or every one is taken.
+    """
+    for index, gpu_uuid in enumerate(gpu_uuids):
+        if client.set(keys.gpu_claim(gpu_uuid), owner, nx=True, px=int(ttl_s * 1000)):
+            return index
+    raise ConfigError(
+        f"--gpu auto: all {len(gpu_uuids)} GPU(s) of this machine are taken by live workers"
+        if gpu_uuids
+        else "--gpu auto: NVML finds no GPU on this machine"
+    )
 
 
 def slots_of(settings: Settings) -> int:

@@ -25,6 +25,15 @@ def _models(settings: Settings, requested: Sequence[str] | None) -> list[str]:
     return list(requested)
 
 
+def _gpu_choice(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a GPU index or 'auto', not {value!r}") from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.worker_main import run_worker, run_worker_per_gpu
 
@@ -128,7 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run GPU-pinned Celery workers: one process per GPU, or one CPU worker if none",
     )
     placement = worker.add_mutually_exclusive_group()
-    placement.add_argument("--gpu", type=int, help="pin this process to GPU N")
+    placement.add_argument(
+        "--gpu",
+        type=_gpu_choice,
+        help="pin this process to GPU N, or 'auto': the first GPU no live worker claimed "
+        "(replicas of one container service that sees every GPU take one each)",
+    )
     placement.add_argument(
         "--gpus", choices=["all"], help="one pinned process per GPU (the default)"
     )

@@ -28,6 +28,24 @@ def gpu_count() -> int:
         pynvml.nvmlShutdown()
 
 
+def gpu_uuids() -> list[str]:
+    """The UUIDs of the GPUs NVML reports, by index; none without an NVIDIA driver or GPU."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        log.info("no GPU: NVML unavailable (%s)", exc)
+        return []
+    try:
+        return [
+            _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index)))
+            for index in range(pynvml.nvmlDeviceGetCount())
+        ]
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def pin_to_gpu(index: int) -> str:
     """Makes GPU ``index`` the only one this process sees; returns the torch-style device.
 

@@ -44,12 +44,14 @@ class WorkerRuntime:
         models: Sequence[str],
         client: redis.Redis | None = None,
         gpu: int | None = None,
+        gpu_claim: str | None = None,
     ) -> None:
         self.settings = settings
         self.hostname = hostname
         self.device = device
         self.model_names = list(models)
         self.gpu = GpuTelemetry(gpu)
+        self.gpu_claim = gpu_claim
         self.metrics = WorkerMetrics(self.gpu, hostname)
         self.work = WorkDone()
         self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
@@ -72,13 +74,13 @@ class WorkerRuntime:
         return 0.0 if since is None else time.monotonic() - since
 
     def start(self) -> None:
-        """Readies the process that runs batches (in prefork, each child): loads every served
-        model, raising ConfigError with one clear line on failure, then keeps a device
-        consumer of its own marked alive."""
+        """Readies the process that runs batches (in prefork, each child): starts its
+        heartbeat (a device consumer of its own marked alive, its status, its GPU claim),
+        then loads every served model, raising ConfigError with one clear line on failure."""
         self.device_consumer = device_consumer(self.hostname, secrets.token_hex(4))
+        threading.Thread(target=self._keep_alive, name="batchfleet-keep-alive", daemon=True).start()
         for name in self.model_names:
             self.model(name)
-        threading.Thread(target=self._keep_alive, name="batchfleet-keep-alive", daemon=True).start()
 
     def _keep_alive(self) -> None:
         while True:
@@ -106,6 +108,7 @@ class WorkerRuntime:
                 status,
                 self.model_names,
                 self.settings.worker.heartbeat_ttl_s,
+                self.gpu_claim,
             )
         except redis.RedisError as exc:
             log.warning("device heartbeat failed: %s", exc)

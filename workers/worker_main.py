@@ -13,13 +13,16 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType
+from typing import Literal
 
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
+from config.keys import Keys
 from config.settings import Settings
-from workers.capacity import FleetState, slots_of
+from producer.client import connect
+from workers.capacity import FleetState, claim_gpu, slots_of
 from workers.celery_app import make_celery_app
-from workers.gpu import gpu_count, hide_gpus, pin_to_gpu
+from workers.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
 from workers.metrics import serve_metrics
 from workers.tasks import WorkerRuntime, register_tasks
 
@@ -111,12 +114,21 @@ class Heartbeat:
 def run_worker(
     settings: Settings,
     models: Sequence[str],
-    gpu: int | None,
+    gpu: int | Literal["auto"] | None,
     name: str | None = None,
     metrics_port: int | None = None,
 ) -> int:
     """Runs one Celery worker process serving ``models`` (and its metrics on
-    ``metrics_port``); returns its exit code."""
+    ``metrics_port``) on GPU ``gpu``, on the first GPU no live worker claimed (``auto``), or
+    on the CPU (None); returns its exit code."""
+    claim = None
+    if gpu == "auto":
+        keys = Keys(settings.key_prefix)
+        uuids = gpu_uuids()
+        owner = name or socket.gethostname()
+        gpu = claim_gpu(connect(settings), keys, uuids, owner, settings.worker.heartbeat_ttl_s)
+        claim = keys.gpu_claim(uuids[gpu])
+        log.info("--gpu auto: claimed GPU %d (%s)", gpu, uuids[gpu])
     device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
     # The next batch's thread must take the device the moment it frees, not when the
     # finishing thread's 5 ms GIL slice ends.
@@ -124,7 +136,7 @@ def run_worker(
     hostname = name or worker_hostname(gpu)
     if gpu is None:
         log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
-    runtime = WorkerRuntime(settings, hostname, device, models, gpu=gpu)
+    runtime = WorkerRuntime(settings, hostname, device, models, gpu=gpu, gpu_claim=claim)
     pool = settings.worker.pool
     if metrics_port is not None:
         if pool == "prefork":

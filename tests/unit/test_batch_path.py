@@ -34,8 +34,8 @@ class RecordingCelery:
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
 
-    def send_task(self, name: str, args: list[Any], queue: str) -> None:
-        self.sent.append({"name": name, "args": args, "queue": queue})
+    def send_task(self, name: str, args: list[Any], queue: str, argsrepr: str) -> None:
+        self.sent.append({"name": name, "args": args, "queue": queue, "argsrepr": argsrepr})
 
 
 class FailingModel:
@@ -507,8 +507,8 @@ class RestartingRedisCelery(RecordingCelery):
         self.stop = stop
         self.restart = restart
 
-    def send_task(self, name: str, args: list[Any], queue: str) -> None:
-        super().send_task(name, args, queue)
+    def send_task(self, name: str, args: list[Any], queue: str, argsrepr: str) -> None:
+        super().send_task(name, args, queue, argsrepr)
         if len(self.sent) == 1:
             self.restart()
         else:

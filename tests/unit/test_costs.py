@@ -42,7 +42,7 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[list[Any]] = []
 
-    def send_task(self, name: str, args: list[Any], queue: str) -> None:
+    def send_task(self, name: str, args: list[Any], queue: str, argsrepr: str) -> None:
         self.sent.append(args)
 
 

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 
+from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.gpu import GpuReading, GpuSampler, GpuTelemetry
+from workers.capacity import claim_gpu
+from workers.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
 from workers.tasks import WorkerRuntime
 
 KEYS = Keys("bf")
@@ -47,6 +49,12 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetName(self, handle: int) -> bytes:
         return b"NVIDIA H200"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-{handle}aaa"
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> types.SimpleNamespace:
         return types.SimpleNamespace(used=30 * 2**30, total=140 * 2**30, free=110 * 2**30)
@@ -143,3 +151,35 @@ def test_each_worker_beat_publishes_its_status_and_marks_its_device_alive(
     assert float(published[b"busy_s"]) == 0.25
     assert 0 < fake_redis.pttl(KEYS.node("gpu0@h")) <= 3000
     assert fake_redis.zscore(KEYS.devices(), runtime.device_consumer) is not None
+
+
+def test_replicas_started_with_gpu_auto_take_one_gpu_each(
+    nvml: FakeNvml, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Replicas of one container service see every GPU of the host: each claims the first
+    one no live worker holds, a third finds none, and a claim no heartbeat renews frees its
+    GPU for the next."""
+    uuids = gpu_uuids()
+    assert uuids == ["GPU-0aaa", "GPU-1aaa"]
+    assert claim_gpu(fake_redis, KEYS, uuids, "replica-1", ttl_s=3) == 0
+    assert claim_gpu(fake_redis, KEYS, uuids, "replica-2", ttl_s=3) == 1
+    with pytest.raises(ConfigError, match="all 2 GPU"):
+        claim_gpu(fake_redis, KEYS, uuids, "replica-3", ttl_s=3)
+    fake_redis.delete(KEYS.gpu_claim("GPU-0aaa"))  # replica-1 died; its claim expired
+    assert claim_gpu(fake_redis, KEYS, uuids, "replica-3", ttl_s=3) == 0
+    assert fake_redis.get(KEYS.gpu_claim("GPU-0aaa")) == b"replica-3"
+
+
+def test_a_worker_beat_renews_its_gpu_claim(
+    nvml: FakeNvml, fake_redis: fakeredis.FakeRedis
+) -> None:
+    claim = KEYS.gpu_claim("GPU-0aaa")
+    fake_redis.set(claim, "gpu0@h", px=10)
+    runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, 0, claim)
+    runtime.beat()
+    assert fake_redis.pttl(claim) > 2000
+
+
+def test_gpu_auto_without_a_gpu_is_a_clear_error(fake_redis: fakeredis.FakeRedis) -> None:
+    with pytest.raises(ConfigError, match="finds no GPU"):
+        claim_gpu(fake_redis, KEYS, [], "replica-1", ttl_s=3)
