@@ -70,7 +70,8 @@ def test_a_deep_queue_is_warned_after_a_minute(alerts: WorkerAlerts) -> None:
 def served_metric_names() -> set[str]:
     """Every sample name the batcher and a worker with a GPU serve."""
     client = fakeredis.FakeRedis()
-    client.hset(Keys().stats("synthetic"), mapping={"accepted": 3, "completed": 2})
+    counts = {"accepted": 4, "completed": 2, "failed:expired": 1, "refused:queue_full": 1}
+    client.hset(Keys().stats("synthetic"), mapping={**counts, "batches:size": 1})
     telemetry = GpuTelemetry(0)
     telemetry.latest = gpu()
     worker = WorkerMetrics(telemetry, "gpu0@h")
