@@ -11,7 +11,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -159,6 +159,20 @@ class ProducerCore:
             record_key=self.keys.request(request_id),
             record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
         )
+
+    def prepare_all(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> list[Prepared]:
+        """Validates every input (see ``prepare``), before any is enqueued."""
+        return [
+            self.prepare(model, item, request_id=request_id, deadline_s=deadline_s)
+            for item in inputs
+        ]
 
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model)."""

@@ -179,20 +179,11 @@ class Producer:
                 raise refusal
         return accepted
 
-    def _prepare(
-        self,
-        model: str,
-        inputs: Iterable[Any],
-        *,
-        request_id: str | None = None,
-        deadline_s: float | None = None,
-    ) -> list[Prepared]:
-        """Validates every input; a refusal is counted in the model's stats, best effort."""
+    def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:
+        """Validates every input (``ProducerCore.prepare_all``); a refusal is counted in the
+        model's stats, best effort."""
         try:
-            return [
-                self._core.prepare(model, item, request_id=request_id, deadline_s=deadline_s)
-                for item in inputs
-            ]
+            return self._core.prepare_all(model, inputs, **options)
         except RequestRejected as refusal:
             counter = self._core.refusal_count(model, refusal)
             if counter is not None:

@@ -166,33 +166,19 @@ class WorkerMetrics:
     def __init__(self, telemetry: GpuTelemetry, worker: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(telemetry, worker))
-        self._batch_size = Histogram(
-            "batchfleet_batch_size",
-            "Inputs per model call.",
-            ["model"],
-            buckets=BATCH_SIZE_BUCKETS,
-            registry=self.registry,
+        self._batch_size = self._histogram(
+            "batchfleet_batch_size", "Inputs per model call.", BATCH_SIZE_BUCKETS
         )
-        self._model_s = Histogram(
-            "batchfleet_model_seconds",
-            "Time inside the model per call.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
+        self._model_s = self._histogram(
+            "batchfleet_model_seconds", "Time inside the model per call."
         )
-        self._queue_s = Histogram(
+        self._queue_s = self._histogram(
             "batchfleet_queue_wait_seconds",
             "Time from submit to the start of the request's model call.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
         )
-        self._latency_s = Histogram(
+        self._latency_s = self._histogram(
             "batchfleet_request_latency_seconds",
             "Time from submit to the request's answer being written.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
         )
         self._busy_s = Counter(
             "batchfleet_worker_busy_seconds",
@@ -200,6 +186,11 @@ class WorkerMetrics:
             ["model"],
             registry=self.registry,
         )
+
+    def _histogram(
+        self, name: str, documentation: str, buckets: Sequence[float] = LATENCY_BUCKETS_S
+    ) -> Histogram:
+        return Histogram(name, documentation, ["model"], buckets=buckets, registry=self.registry)
 
     def observe_run(
         self, model: str, requests: Sequence[Request], model_s: float, finished_at: float

@@ -398,6 +398,26 @@ def test_requests_reclaimed_from_a_process_that_did_not_run_them_count_no_attemp
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
 
 
+def one_batch_first_on(
+    device: str,
+    inputs: list[str],
+    producer: Producer,
+    batcher: ModelBatcher,
+    celery: RecordingCelery,
+    client: fakeredis.FakeRedis,
+) -> tuple[list[str], list[Any]]:
+    """Sends ``inputs`` as one batch and leaves its first request held by ``device`` (a
+    worker's device consumer), as a process that took it into a model call does; the ids and
+    the batch task's arguments."""
+    add_worker(client)
+    ids = producer.submit_many("synthetic", inputs)
+    batcher.step()
+    batcher.step()
+    args = celery.sent[0]["args"]
+    client.xclaim(STREAM, CONSUMER_GROUP, device, 0, [args[2][0][0]])
+    return ids, args
+
+
 def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_device(
     runtime: WorkerRuntime,
     batcher: ModelBatcher,
@@ -407,15 +427,12 @@ def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_dev
 ) -> None:
     """A batch redelivered after its worker died: requests the dead worker's device held count
     an attempt (at max_attempts they get poison, not another run); the rest run."""
-    add_worker(fake_redis)
-    ids = producer.submit_many("synthetic", ["on device", "waiting"])
-    batcher.step()
-    batcher.step()
-    model, batch_id, entries, reason = celery.sent[0]["args"]
-    on_device = entries[0][0]
-    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead", "gone"), 0, [on_device])
-    fake_redis.hset(KEYS.attempts("synthetic"), on_device, 2)
-    runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    dead = device_consumer("dead", "gone")
+    ids, args = one_batch_first_on(
+        dead, ["on device", "waiting"], producer, batcher, celery, fake_redis
+    )
+    fake_redis.hset(KEYS.attempts("synthetic"), args[2][0][0], 2)
+    runtime.run_batch(*args, redelivered=True)
     error = stored_result(fake_redis, ids[0]).error
     assert error is not None and error.code == "poison" and "died 3 times" in error.message
     assert fake_redis.xlen(KEYS.dead_letter("synthetic")) == 1
@@ -432,13 +449,11 @@ def test_a_redelivered_request_below_max_attempts_runs_alone_and_succeeds(
     celery: RecordingCelery,
 ) -> None:
     """One death on the device is one attempt: the request runs again and is answered."""
-    add_worker(fake_redis)
-    (request_id,) = producer.submit_many("synthetic", ["on device"])
-    batcher.step()
-    batcher.step()
-    model, batch_id, entries, reason = celery.sent[0]["args"]
-    fake_redis.xclaim(STREAM, CONSUMER_GROUP, device_consumer("dead", "gone"), 0, [entries[0][0]])
-    runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    dead = device_consumer("dead", "gone")
+    (request_id,), args = one_batch_first_on(
+        dead, ["on device"], producer, batcher, celery, fake_redis
+    )
+    runtime.run_batch(*args, redelivered=True)
     assert stored_result(fake_redis, request_id).output == expected_output("on device")
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
 
@@ -453,19 +468,16 @@ def test_a_redelivered_batch_leaves_what_a_live_device_is_running_to_it(
     """A batch delivered again while a live process has one of its requests on its device
     (its batcher sent it again, or another slot runs it): that request is left to that run,
     with no attempt counted and no second execution; the rest run."""
-    add_worker(fake_redis)
-    ids = producer.submit_many("synthetic", ["running elsewhere", "waiting"])
-    batcher.step()
-    batcher.step()
-    model, batch_id, entries, reason = celery.sent[0]["args"]
     live = device_consumer("other", "alive")
     node_heartbeat(fake_redis, KEYS, "other", live, {}, [], ttl_s=30)
-    fake_redis.xclaim(STREAM, CONSUMER_GROUP, live, 0, [entries[0][0]])
-    runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+    ids, args = one_batch_first_on(
+        live, ["running elsewhere", "waiting"], producer, batcher, celery, fake_redis
+    )
+    runtime.run_batch(*args, redelivered=True)
     assert not fake_redis.exists(KEYS.result(ids[0]))
     held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
     assert [(row["message_id"].decode(), row["consumer"].decode()) for row in held] == [
-        (entries[0][0], live)
+        (args[2][0][0], live)
     ]
     assert stored_result(fake_redis, ids[1]).output == expected_output("waiting")
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
