@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.async_client import AsyncProducer
-from workers.bench_inputs import inputs_for, synthetic_input
+from workers.bench_inputs import inputs_for, poisson_arrivals, synthetic_input
 from workers.gpu import GpuSampler
 from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
 from workers.private_fleet import PrivateFleet, private_fleet
@@ -149,18 +148,10 @@ async def open_loop(
     """Poisson arrivals at ``rate`` per second for ``duration_s``, each request on its own,
     timed from its scheduled arrival (a late sender cannot hide queueing); returns the
     samples and how many requests failed in the client (refused, timed out)."""
-    rng = random.Random(seed)
-    started = time.monotonic()
-    next_at = started
-    tasks = []
-    index = 0
-    while next_at - started < duration_s:
-        delay = next_at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_one(producer, model, make_input(index), next_at)))
-        index += 1
-        next_at += rng.expovariate(rate)
+    tasks = [
+        asyncio.create_task(_one(producer, model, make_input(index), due))
+        async for index, due in poisson_arrivals(rate, duration_s, seed)
+    ]
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     samples = [outcome for outcome in outcomes if isinstance(outcome, Sample)]
     return samples, len(outcomes) - len(samples)

@@ -1,10 +1,13 @@
-"""What the benchmarks send: a small JSON object for the synthetic model, and English-like
-sentences of mixed length (most short, a long tail) for the embedding model."""
+"""What the benchmarks send, and when: a small JSON object for the synthetic model,
+English-like sentences of mixed length (most short, a long tail) for the embedding model,
+and Poisson arrival times for an open loop."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 VOCABULARY = (
@@ -43,3 +46,21 @@ def sentence_inputs(seed: int = 1) -> Callable[[int], str]:
 def inputs_for(backend: str, seed: int = 1) -> Callable[[int], Any]:
     """The input generator for ``backend``: request index -> input."""
     return sentence_inputs(seed) if backend == "embedding" else synthetic_input
+
+
+async def poisson_arrivals(
+    rate: float, duration_s: float, seed: int
+) -> AsyncIterator[tuple[int, float]]:
+    """Poisson arrivals at ``rate`` per second for ``duration_s``: yields each one's index and
+    scheduled time (monotonic clock) when that time comes, so that a request is timed from
+    when it was due and a late sender cannot hide queueing."""
+    rng = random.Random(seed)
+    started = next_at = time.monotonic()
+    index = 0
+    while next_at - started < duration_s:
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield index, next_at
+        index += 1
+        next_at += rng.expovariate(rate)
