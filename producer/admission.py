@@ -165,13 +165,18 @@ class ProducerCore:
         model: str,
         inputs: Iterable[Any],
         *,
-        request_id: str | None = None,
+        request_ids: Sequence[str] | None = None,
         deadline_s: float | None = None,
     ) -> list[Prepared]:
-        """Validates every input (see ``prepare``), before any is enqueued."""
+        """Validates every input (see ``prepare``), before any is enqueued; ``request_ids``,
+        when given, are the caller's, one per input."""
+        items = list(inputs)
+        if request_ids is not None and len(request_ids) != len(items):
+            raise InvalidInput(f"{len(request_ids)} request ids for {len(items)} inputs")
+        ids = request_ids if request_ids is not None else [None] * len(items)
         return [
             self.prepare(model, item, request_id=request_id, deadline_s=deadline_s)
-            for item in inputs
+            for item, request_id in zip(items, ids, strict=True)
         ]
 
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:

@@ -133,9 +133,8 @@ class AsyncProducer:
         deadline_s: float | None = None,
     ) -> str:
         """Enqueues one request and returns its id; see ``Producer.submit``."""
-        (prepared,) = await self._prepare(
-            model, [input], request_id=request_id, deadline_s=deadline_s
-        )
+        ids = None if request_id is None else [request_id]
+        (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.admit_call([prepared])
         with broker_errors():
             (reply,) = await self._admit(keys=keys, args=args)
@@ -143,10 +142,17 @@ class AsyncProducer:
         return prepared.request_id
 
     async def submit_many(
-        self, model: str, inputs: Iterable[Any], *, deadline_s: float | None = None
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        request_ids: Sequence[str] | None = None,
+        deadline_s: float | None = None,
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk; see ``Producer.submit_many``."""
-        prepared = await self._prepare(model, inputs, deadline_s=deadline_s)
+        prepared = await self._prepare(
+            model, inputs, request_ids=request_ids, deadline_s=deadline_s
+        )
         accepted: list[str] = []
         for chunk in chunks(prepared):
             keys, args = self._core.admit_call(chunk)

@@ -147,7 +147,8 @@ class Producer:
             RequestRejected: (a subclass) refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
-        (prepared,) = self._prepare(model, [input], request_id=request_id, deadline_s=deadline_s)
+        ids = None if request_id is None else [request_id]
+        (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.admit_call([prepared])
         with broker_errors():
             (reply,) = self._admit(keys=keys, args=args)
@@ -155,18 +156,24 @@ class Producer:
         return prepared.request_id
 
     def submit_many(
-        self, model: str, inputs: Iterable[Any], *, deadline_s: float | None = None
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        request_ids: Sequence[str] | None = None,
+        deadline_s: float | None = None,
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk of 256, and returns their ids.
 
-        Every input is validated before any is enqueued.
+        Every input is validated before any is enqueued. With ``request_ids`` (one per input)
+        the ids are yours: resubmitting one with the same input does not run it twice.
 
         Raises:
             QueueFull: the queue filled part way; ``accepted_ids`` lists the ids enqueued.
             RequestRejected: (another subclass) an input was refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
-        prepared = self._prepare(model, inputs, deadline_s=deadline_s)
+        prepared = self._prepare(model, inputs, request_ids=request_ids, deadline_s=deadline_s)
         accepted: list[str] = []
         for chunk in chunks(prepared):
             keys, args = self._core.admit_call(chunk)
@@ -190,6 +197,14 @@ class Producer:
                 with contextlib.suppress(redis.RedisError):
                     self._client.hincrby(*counter, 1)
             raise
+
+    def validate(self, model: str, input: Any) -> None:
+        """Checks, without enqueuing, that ``input`` would be accepted for ``model``.
+
+        Raises:
+            RequestRejected: (a subclass) what ``submit`` would refuse it with.
+        """
+        self._core.prepare(model, input)
 
     def result(self, request_id: str, timeout_s: float | None = None) -> Any:
         """Waits for one request's output.

@@ -1,4 +1,5 @@
-"""The ``batchfleet`` command: ``worker``, ``batcher``, ``top``, ``flower``, ``demo``, ``bench``."""
+"""The ``batchfleet`` command: ``worker``, ``batcher``, ``submit``, ``top``, ``flower``, ``demo``,
+``bench``."""
 
 from __future__ import annotations
 
@@ -73,6 +74,27 @@ def cmd_top(args: argparse.Namespace) -> int:
     settings = load_settings()
     models = _models(settings, args.model)
     return run_top(connect(settings), Keys(settings.key_prefix), models, args.refresh)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from producer.client import Producer
+    from workers.bulk import print_summary, submit_file
+
+    settings = load_settings()
+    (model,) = _models(settings, [args.model])
+    with Producer(settings) as producer:
+        report = submit_file(
+            producer,
+            model,
+            Path(args.file),
+            Path(args.output),
+            Path(args.errors) if args.errors else None,
+            window=args.window,
+        )
+    print_summary(report, model, args.file)
+    return 130 if report.interrupted else 0
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
@@ -166,6 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--model", action="append", help="show only this model (repeatable)")
     top.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
     top.set_defaults(handler=cmd_top)
+
+    submit = commands.add_parser(
+        "submit", help="run a JSONL file of requests through the fleet (a rerun resumes)"
+    )
+    submit.add_argument("file", help="one request a line: {custom_id, input} or OpenAI Batch")
+    submit.add_argument("--model", required=True)
+    submit.add_argument("-o", "--output", required=True, help="answers, appended as they come")
+    submit.add_argument("--errors", help="error lines (default: OUTPUT with .errors.jsonl)")
+    submit.add_argument("--window", type=int, default=2048, help="lines in flight per wave")
+    submit.set_defaults(handler=cmd_submit)
 
     flower = commands.add_parser(
         "flower", help="Flower on the fleet's broker, behind FLOWER_BASIC_AUTH=user:password"

@@ -1,0 +1,107 @@
+"""`batchfleet submit`: a JSONL file through a real fleet, bad lines reported, a rerun after
+Ctrl-C resumes without running anything twice."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from config.keys import Keys
+from workers.local_fleet import LocalFleet
+from workers.models.synthetic import expected_output
+
+from .conftest import producer_for, settings_for, wait_ready
+from .test_cli import row, run_cli
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(text) for text in path.read_text().splitlines()]
+
+
+def fleet_stats(fleet: LocalFleet) -> dict[str, int]:
+    """The model's request counters in the fleet's Redis."""
+    settings = settings_for(fleet.env)
+    with redis.Redis.from_url(settings.redis_url.get_secret_value()) as client:
+        stats = client.hgetall(Keys(settings.key_prefix).stats("synthetic"))
+    return {field.decode(): int(count) for field, count in stats.items()}
+
+
+def start_fleet(make_fleet: Callable[..., LocalFleet], **policy: Any) -> LocalFleet:
+    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"synthetic": policy}))
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+    return fleet
+
+
+def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_reported(
+    make_fleet: Callable[..., LocalFleet], tmp_path: Path
+) -> None:
+    fleet = start_fleet(make_fleet, max_input_bytes=256)
+    plain = [{"custom_id": f"p{n}", "input": f"text {n}"} for n in range(300)]
+    openai = [
+        {"custom_id": f"o{n}", "method": "POST", "url": "/v1/embeddings", "body": {"input": n}}
+        for n in range(100)
+    ]
+    lines = [json.dumps(record) for record in plain[:150]]
+    lines += ["{not json", "", json.dumps({"input": "no id"})]
+    lines += [json.dumps({"custom_id": "big", "input": "x" * 1000})]
+    lines += [json.dumps(record) for record in plain[150:] + openai]
+    source, output = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    done = run_cli("submit", str(source), "--model", "synthetic", "-o", str(output), env=fleet.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    answers = {record["custom_id"]: record["output"] for record in read_jsonl(output)}
+    expected = {r["custom_id"]: expected_output(r["input"]) for r in plain}
+    expected |= {r["custom_id"]: expected_output(r["body"]["input"]) for r in openai}
+    assert answers == expected
+    assert len(read_jsonl(output)) == 400
+    errors = read_jsonl(tmp_path / "results.errors.jsonl")
+    assert [(e["line"], e["custom_id"], e["error"]["code"]) for e in errors] == [
+        (151, None, "invalid_line"),
+        (153, None, "invalid_line"),
+        (154, "big", "too_large"),
+    ]
+    assert "400 answered, 3 errors (invalid_line 2, too_large 1), 0 skipped" in done.stdout
+    report = next(line for line in done.stdout.splitlines() if line.startswith("synthetic"))
+    assert row(report)["done"] == "400/400"
+
+
+def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice(
+    make_fleet: Callable[..., LocalFleet], tmp_path: Path
+) -> None:
+    fleet = start_fleet(make_fleet, max_batch_size=8, options={"base_ms": 40, "per_item_ms": 0})
+    source, output = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    source.write_text(
+        "".join(json.dumps({"custom_id": f"c{n}", "input": n}) + "\n" for n in range(400))
+    )
+    command = [sys.executable, "-m", "workers.cli", "submit", str(source)]
+    command += ["--model", "synthetic", "-o", str(output), "--window", "64"]
+    first = subprocess.Popen(command, env=fleet.env, stdout=subprocess.PIPE, text=True)
+    give_up = time.monotonic() + 60
+    while not output.exists() or len(output.read_text().splitlines()) < 40:
+        assert time.monotonic() < give_up, "no answers written"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)
+    stdout, _ = first.communicate(timeout=30)
+    assert first.returncode == 130 and "interrupted" in stdout, stdout
+    answered_first = len(read_jsonl(output))
+    assert answered_first < 400
+
+    again = run_cli("submit", *command[4:], env=fleet.env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    custom_ids = [record["custom_id"] for record in read_jsonl(output)]
+    assert sorted(custom_ids) == sorted(f"c{n}" for n in range(400))
+    assert f"{answered_first} skipped" in again.stdout
+    stats = fleet_stats(fleet)
+    assert stats["accepted"] == 400 + 1, "a request was enqueued twice"  # + wait_ready's

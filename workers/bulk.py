@@ -1,0 +1,325 @@
+"""Bulk jobs: a JSONL file of requests through the fleet, results written as they complete.
+
+One request per line, in the OpenAI Batch input format (``{"custom_id", "body": {...}}``: the
+body's ``input``, else the body without its ``model``, is the request's input) or plain
+(``{"custom_id", "input"}``). Each line's request id is derived from the model and its
+``custom_id``, so a rerun never runs a request twice: lines already answered in the output or
+errors file are skipped, and requests still in the fleet from an interrupted run are waited
+for, not sent again. The file streams through in waves of ``window`` lines (two in flight);
+memory holds those waves and one 8-byte hash per line answered before a rerun.
+
+Output lines: ``{"custom_id", "output"}``; error lines (in a file of their own):
+``{"custom_id", "line", "error": {"code", "message"}}``, ``custom_id`` null for a line that
+could not be read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from config.errors import QueueFull, RequestIdConflict, RequestRejected
+from config.schema import Result
+from producer.client import Producer
+from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+
+WINDOW = 2048
+QUEUE_FULL_BACKOFF_S = (0.05, 2.0)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One request read from the file."""
+
+    number: int
+    custom_id: str
+    input: Any
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line that is no request, with why."""
+
+    number: int
+    custom_id: str | None
+    code: str
+    message: str
+
+
+@dataclass
+class BulkReport:
+    """What a bulk run did: answers written, errors by code, lines skipped as already
+    answered, and the client's view of each answered request (for the summary table)."""
+
+    total_lines: int = 0
+    skipped: int = 0
+    written: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False
+    samples: list[Sample] = field(default_factory=list)
+
+    def error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+
+def request_id_for(model: str, custom_id: str) -> str:
+    """The request id of a line: the same for the same model and custom_id in every run."""
+    return "bulk-" + hashlib.blake2b(f"{model}\0{custom_id}".encode(), digest_size=20).hexdigest()
+
+
+def _key(custom_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=8).digest(), "big")
+
+
+def parse_line(number: int, text: str) -> Line | BadLine | None:
+    """The request on one line; None for a blank line."""
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return BadLine(number, None, "invalid_line", f"line {number}: not JSON: {exc.msg}")
+    if not isinstance(record, dict):
+        return BadLine(number, None, "invalid_line", f"line {number}: not a JSON object")
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return BadLine(number, None, "invalid_line", f"line {number}: no string custom_id")
+    if "input" in record:
+        return Line(number, custom_id, record["input"])
+    body = record.get("body")
+    if isinstance(body, dict) and body:
+        if "input" in body:
+            return Line(number, custom_id, body["input"])
+        fields = {key: value for key, value in body.items() if key != "model"}
+        if fields:
+            return Line(number, custom_id, fields)
+    return BadLine(
+        number, custom_id, "invalid_line", f"line {number}: neither an input nor a request body"
+    )
+
+
+def answered_ids(*paths: Path) -> set[int]:
+    """Hashes of the custom_ids already written to the output or errors files."""
+    done: set[int] = set()
+    for path in paths:
+        if not path.exists():
+            continue
+        with path.open(encoding="utf-8") as lines:
+            for text in lines:
+                try:
+                    custom_id = json.loads(text).get("custom_id")
+                except (json.JSONDecodeError, AttributeError):
+                    continue  # a line cut short by a crash: its request is asked again
+                if isinstance(custom_id, str):
+                    done.add(_key(custom_id))
+    return done
+
+
+def count_lines(path: Path) -> int:
+    with path.open("rb") as source:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
+
+
+class BulkJob:
+    """Runs one file through ``producer`` for ``model``."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        model: str,
+        output: IO[str],
+        errors: IO[str],
+        report: BulkReport,
+        window: int = WINDOW,
+    ) -> None:
+        self._producer = producer
+        self._model = model
+        self._output = output
+        self._errors = errors
+        self._report = report
+        self._window = window
+
+    def run(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
+        """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
+        previous: dict[str, tuple[Line, float]] = {}
+        while True:
+            wave = self._submit(self._next_wave(lines, on_answer))
+            if previous:
+                self._collect(previous, on_answer)
+            if not wave:
+                return
+            previous = wave
+
+    def _next_wave(self, lines: Iterator[Line | BadLine], on_answer: Any) -> list[Line]:
+        wave: list[Line] = []
+        for line in lines:
+            if isinstance(line, BadLine):
+                self._write_error(line.custom_id, line.number, line.code, line.message)
+                on_answer()
+                continue
+            try:
+                self._producer.validate(self._model, line.input)
+            except RequestRejected as refusal:
+                self._write_error(line.custom_id, line.number, refusal.reason, str(refusal))
+                on_answer()
+                continue
+            wave.append(line)
+            if len(wave) >= self._window:
+                break
+        return wave
+
+    def _submit(self, wave: Sequence[Line]) -> dict[str, tuple[Line, float]]:
+        """Enqueues ``wave`` with its lines' request ids, waiting for room when the queue is
+        full; returns the submitted lines by request id, with when each was sent."""
+        pending = {request_id_for(self._model, line.custom_id): line for line in wave}
+        sent: dict[str, tuple[Line, float]] = {}
+        backoff_s = QUEUE_FULL_BACKOFF_S[0]
+        while pending:
+            ids = list(pending)
+            now = time.monotonic()
+            try:
+                accepted = self._producer.submit_many(
+                    self._model, [pending[rid].input for rid in ids], request_ids=ids
+                )
+            except QueueFull as full:
+                accepted = full.accepted_ids
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, QUEUE_FULL_BACKOFF_S[1])
+            except RequestIdConflict:
+                accepted = self._submit_one_by_one(pending)
+            for request_id in accepted:
+                sent[request_id] = (pending.pop(request_id), now)
+        return sent
+
+    def _submit_one_by_one(self, pending: dict[str, Line]) -> list[str]:
+        """Sorts out which lines reuse a custom_id sent before with another input (an error
+        each); the ids of the others, enqueued."""
+        accepted = []
+        for request_id, line in list(pending.items()):
+            try:
+                self._producer.submit(self._model, line.input, request_id=request_id)
+            except RequestIdConflict as conflict:
+                del pending[request_id]
+                self._write_error(line.custom_id, line.number, conflict.reason, str(conflict))
+                continue
+            except QueueFull:
+                break
+            accepted.append(request_id)
+        return accepted
+
+    def _collect(self, wave: dict[str, tuple[Line, float]], on_answer: Any) -> None:
+        for result in self._producer.results(list(wave)):
+            line, sent_at = wave[result.request_id]
+            self._report.samples.append(Sample(sent_at, time.monotonic(), result))
+            self._write_answer(line, result)
+            on_answer()
+
+    def _write_answer(self, line: Line, result: Result) -> None:
+        if result.error is None:
+            # One write a line: Ctrl-C lands between lines, never inside one.
+            self._output.write(
+                json.dumps({"custom_id": line.custom_id, "output": result.output}) + "\n"
+            )
+            self._output.flush()
+            self._report.written += 1
+        else:
+            self._write_error(line.custom_id, line.number, result.error.code, result.error.message)
+
+    def _write_error(self, custom_id: str | None, number: int, code: str, message: str) -> None:
+        record = {
+            "custom_id": custom_id,
+            "line": number,
+            "error": {"code": code, "message": message},
+        }
+        self._errors.write(json.dumps(record) + "\n")
+        self._errors.flush()
+        self._report.error(code)
+
+
+def submit_file(
+    producer: Producer,
+    model: str,
+    path: Path,
+    output: Path,
+    errors: Path | None = None,
+    window: int = WINDOW,
+    console: Console | None = None,
+) -> BulkReport:
+    """Runs every request of the JSONL file ``path`` through the fleet: answers appended to
+    ``output``, errors to ``errors`` (default: ``output`` with ``.errors.jsonl``); a rerun
+    resumes. Ctrl-C stops it cleanly (``interrupted`` in the report)."""
+    errors = errors or output.with_suffix(".errors.jsonl")
+    done = answered_ids(output, errors)
+    report = BulkReport(total_lines=count_lines(path))
+
+    def remaining() -> Iterator[Line | BadLine]:
+        with path.open(encoding="utf-8") as source:
+            for number, text in enumerate(source, start=1):
+                parsed = parse_line(number, text)
+                if parsed is None:
+                    continue
+                if parsed.custom_id is not None and _key(parsed.custom_id) in done:
+                    report.skipped += 1
+                    continue
+                yield parsed
+
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}/s"),
+        TimeRemainingColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+    started = time.monotonic()
+    with (
+        output.open("a", encoding="utf-8") as out,
+        errors.open("a", encoding="utf-8") as err,
+        progress,
+    ):
+        task = progress.add_task(model, total=report.total_lines - len(done), rate="-")
+
+        def on_answer() -> None:
+            elapsed_s = time.monotonic() - started
+            finished = report.written + sum(report.errors.values())
+            rate = f"{finished / elapsed_s:.0f}" if elapsed_s > 0 else "-"
+            progress.update(task, completed=finished, rate=rate)
+
+        try:
+            BulkJob(producer, model, out, err, report, window).run(remaining(), on_answer)
+        except KeyboardInterrupt:
+            report.interrupted = True
+    return report
+
+
+def print_summary(report: BulkReport, model: str, source: str) -> None:
+    """The demo's table for the requests answered, and what happened to every line."""
+    errors = ", ".join(f"{code} {count}" for code, count in sorted(report.errors.items()))
+    print(
+        f"batchfleet submit {source}: {report.written} answered, "
+        f"{sum(report.errors.values())} errors{f' ({errors})' if errors else ''}, "
+        f"{report.skipped} skipped (answered by an earlier run)"
+    )
+    if report.samples:
+        stats = RunStats(
+            label=model, offered="file", sent=len(report.samples), samples=report.samples
+        )
+        print(TABLE_HEADER)
+        print(table_line(stats.summary()))
+    if report.interrupted:
+        print("interrupted: run the same command again to resume")
