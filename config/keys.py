@@ -27,6 +27,9 @@ key                         type    writer                    reader            
 ``bf:devices``              zset    worker (heartbeat)        worker             pruned by score
 ``bf:node:{hostname}``      hash    worker (heartbeat)        top, the operator  3 heartbeats
 ``bf:gpuclaim:{gpu uuid}``  string  worker (--gpu auto)       worker             3 heartbeats
+``bf:m:{model}:version``    string  worker (model load)       producer           none
+``bf:c:{model}:{version}:`` string  worker (answer written)   producer           cache_ttl_s
+``{digest}``                output
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -114,6 +117,18 @@ class Keys:
         """The model's request counters since the fleet's Redis began: ``accepted``,
         ``refused:{reason}``, ``completed``, ``failed:{code}``."""
         return f"{self.prefix}:m:{model}:stats"
+
+    def model_version(self, model: str) -> str:
+        """The version the model's workers last loaded (``Model.version``): part of every
+        cache key, so a new version starts with an empty cache."""
+        return f"{self.prefix}:m:{model}:version"
+
+    def cache_prefix(self, model: str) -> str:
+        return f"{self.prefix}:c:{model}:"
+
+    def cache(self, model: str, version: str, digest: str) -> str:
+        """The cached output of an input (by its digest) for one version of the model."""
+        return f"{self.cache_prefix(model)}{version}:{digest}"
 
     def latencies(self, model: str) -> str:
         """The model's latest answers: ``finished_at:latency_s`` items, newest first, capped."""

@@ -152,6 +152,8 @@ class Result(BaseModel):
     flush_reason: str | None = None
     model_s: float = 0.0
     worker: str | None = None
+    # Answered from the model's response cache at submit, without running.
+    cached: bool = False
     submitted_at: float | None = None
     finished_at: float
 

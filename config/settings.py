@@ -48,6 +48,9 @@ class ModelPolicy(BaseModel):
     max_input_bytes: int = Field(MIB, ge=1)
     request_timeout_s: float = Field(60.0, gt=0)
     result_ttl_s: float = Field(3600.0, gt=0)
+    # A response cache: an input answered before by this version of the model is answered
+    # again at submit, for this long after it was computed; None: no cache.
+    cache_ttl_s: float | None = Field(None, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @property

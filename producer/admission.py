@@ -6,6 +6,7 @@ decide is decided here.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -44,29 +45,51 @@ log = logging.getLogger(__name__)
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 
 # Admits a chunk of requests for one model, atomically: each id is deduplicated by its record,
-# the queue cap is checked per request, and accepted requests are appended to the stream.
-# KEYS: stream, model's stats hash, then one request record per request
-# ARGV: max_queue_len, stream field, then per request: digest, request json, record ttl ms
+# an input the model's response cache holds (for its current version) is answered at once
+# without entering the queue, the queue cap is checked per request, and accepted requests are
+# appended to the stream.
+# KEYS: stream, model's stats hash, model's version key, then per request: its record, its
+#       result
+# ARGV: max_queue_len, stream field, cache key prefix ('' = no cache), then per request:
+#       digest, request json, record ttl ms, cached result's JSON head, result ttl ms
 ADMIT_SCRIPT = """
 local statuses = {}
-local counts = {accepted = 0, ['refused:queue_full'] = 0, ['refused:id_conflict'] = 0}
+local counts = {accepted = 0, ['refused:queue_full'] = 0, ['refused:id_conflict'] = 0,
+                ['cache:hit'] = 0, ['cache:miss'] = 0}
 local queued = redis.call('XLEN', KEYS[1])
 local cap = tonumber(ARGV[1])
-for i = 3, #KEYS do
-  local at = 3 + (i - 3) * 3
+local version = false
+if ARGV[3] ~= '' then version = redis.call('GET', KEYS[3]) end
+for i = 4, #KEYS, 2 do
+  local n = (i - 4) / 2
+  local at = 4 + n * 5
   local status
+  local cached = false
   local record = redis.call('GET', KEYS[i])
   if record then
     if record == ARGV[at] then status = 'duplicate' else status = 'conflict' end
-  elseif queued >= cap then
-    status = 'full'
   else
-    redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 2])
-    redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
-    queued = queued + 1
-    status = 'accepted'
+    if version then
+      cached = redis.call('GET', ARGV[3] .. version .. ':' .. ARGV[at])
+      if cached then counts['cache:hit'] = counts['cache:hit'] + 1
+      else counts['cache:miss'] = counts['cache:miss'] + 1 end
+    end
+    if cached then
+      redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 4])
+      redis.call('SET', KEYS[i + 1],
+        ARGV[at + 3] .. cjson.encode(version) .. ',"output":' .. cached .. '}',
+        'PX', ARGV[at + 4])
+      status = 'cached'
+    elseif queued >= cap then
+      status = 'full'
+    else
+      redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 2])
+      redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
+      queued = queued + 1
+      status = 'accepted'
+    end
   end
-  statuses[i - 2] = status
+  statuses[n + 1] = status
   if status == 'accepted' then counts.accepted = counts.accepted + 1
   elseif status == 'full' then counts['refused:queue_full'] = counts['refused:queue_full'] + 1
   elseif status == 'conflict' then counts['refused:id_conflict'] = counts['refused:id_conflict'] + 1
@@ -104,6 +127,9 @@ class Prepared:
     encoded: str
     record_key: str
     record_ttl_ms: int
+    result_key: str
+    result_ttl_ms: int
+    submitted_at: float
 
     @property
     def request(self) -> Request:
@@ -158,6 +184,9 @@ class ProducerCore:
             encoded=encode_request(request_id, model, input_json, digest, now, now + timeout_s),
             record_key=self.keys.request(request_id),
             record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
+            result_key=self.keys.result(request_id),
+            result_ttl_ms=int(policy.result_ttl_s * 1000),
+            submitted_at=now,
         )
 
     def prepare_all(
@@ -182,11 +211,14 @@ class ProducerCore:
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model)."""
         model = chunk[0].model
-        keys = [self.keys.requests(model), self.keys.stats(model)]
-        args: list[str | int] = [self.settings.policy(model).max_queue_len, STREAM_FIELD]
+        policy = self.settings.policy(model)
+        keys = [self.keys.requests(model), self.keys.stats(model), self.keys.model_version(model)]
+        cache = self.keys.cache_prefix(model) if policy.cache_ttl_s is not None else ""
+        args: list[str | int] = [policy.max_queue_len, STREAM_FIELD, cache]
         for item in chunk:
-            keys.append(item.record_key)
+            keys += [item.record_key, item.result_key]
             args += [item.digest, item.encoded, item.record_ttl_ms]
+            args += [cached_result_head(item), item.result_ttl_ms]
         return keys, args
 
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
@@ -212,7 +244,7 @@ class ProducerCore:
         """Turns the admission script's reply into nothing (accepted) or a typed refusal."""
         status = reply.decode() if isinstance(reply, bytes) else reply
         request = prepared
-        if status in ("accepted", "duplicate"):
+        if status in ("accepted", "duplicate", "cached"):
             return
         if status == "full":
             raise QueueFull(f"queue of model {request.model!r} is full; request not enqueued")
@@ -272,6 +304,19 @@ class ProducerCore:
     def default_timeout_s(self) -> float:
         """How long a wait lasts when the caller does not say: the longest request lifetime."""
         return max(policy.request_timeout_s for policy in self.settings.models.values()) + 5.0
+
+
+def cached_result_head(item: Prepared) -> str:
+    """The start of the result the admission script writes for a cache hit: it appends the
+    model version and the cached output."""
+    head = {
+        "request_id": item.request_id,
+        "model": item.model,
+        "cached": True,
+        "submitted_at": item.submitted_at,
+        "finished_at": item.submitted_at,
+    }
+    return json.dumps(head)[:-1] + ',"model_version":'
 
 
 def chunks(items: Sequence[T], size: int = SUBMIT_CHUNK) -> list[Sequence[T]]:

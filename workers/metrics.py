@@ -72,7 +72,7 @@ class FleetCollector(Collector):
                 kind, _, label = field.partition(":")
                 if kind == "accepted" or kind == "completed":
                     families[kind].add_metric([model], count)
-                elif kind in ("refused", "failed", "batches"):
+                elif kind in ("refused", "failed", "batches", "cache"):
                     families[kind].add_metric([model, label], count)
                     if field == "failed:expired":
                         families["expired"].add_metric([model], count)
@@ -111,6 +111,11 @@ def _fleet_families() -> dict[str, Any]:
             "batchfleet_requests_expired",
             "Requests dropped because their deadline passed before they ran.",
             labels=["model"],
+        ),
+        "cache": CounterMetricFamily(
+            "batchfleet_cache_requests",
+            "Submits looked up in the model's response cache, by result (hit, miss).",
+            labels=["model", "result"],
         ),
         "batches": CounterMetricFamily(
             "batchfleet_batches",

@@ -14,8 +14,9 @@ from typing import Any
 
 import redis
 
+from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
-from config.schema import ErrorCode, ErrorInfo, Request, Result
+from config.schema import ErrorCode, ErrorInfo, Request, Result, canonical_json
 
 # KEYS: result, request record, waiters, stream, attempts hash, model's stats hash
 # ARGV: result json, digest ('' = write whatever the record holds), ttl ms, group, entry id,
@@ -148,10 +149,13 @@ def encode_answer(result: Result) -> tuple[str, str]:
 class ResultWriter:
     """Finalizes requests of one model in one round trip per call."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, model: str) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys, model: str, cache_ttl_s: float | None = None
+    ) -> None:
         self._client = client
         self._keys = keys
         self._model = model
+        self._cache_ttl_ms = None if cache_ttl_s is None else int(cache_ttl_s * 1000)
         self._script = client.register_script(FINALIZE_SCRIPT)
         self._count_deaths = client.register_script(COUNT_DEVICE_DEATHS_SCRIPT)
 
@@ -182,6 +186,8 @@ class ResultWriter:
                 ],
                 client=pipe,
             )
+        if self._cache_ttl_ms is not None:
+            self._cache_outputs(pipe, finals)
         recent = [
             f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
             for result in (final.result for final in finals)
@@ -192,6 +198,19 @@ class ResultWriter:
             pipe.ltrim(self._keys.latencies(self._model), 0, RECENT_LATENCIES - 1)
         statuses = pipe.execute()[: len(finals)]
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
+
+    def _cache_outputs(self, pipe: Any, finals: Sequence[Final]) -> None:
+        """Adds each computed output to the model's response cache, under its version."""
+        for final in finals:
+            result = final.result
+            if result.error is not None or result.model_version is None:
+                continue
+            try:
+                output = canonical_json(result.output)
+            except InvalidInput:
+                continue  # answered model_error by encode_answer: nothing to cache
+            key = self._keys.cache(self._model, result.model_version, final.digest)
+            pipe.set(key, output, px=self._cache_ttl_ms)
 
     def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:
         """Copies requests given up as poison (entry id, raw request, deaths) to the model's

@@ -126,7 +126,10 @@ class WorkerRuntime:
         with self._load_lock:
             if name not in self._models:
                 started = time.monotonic()
-                self._models[name] = build_model(name, self.settings.policy(name), self.device)
+                model = build_model(name, self.settings.policy(name), self.device)
+                # Producers key the response cache by the version workers last loaded.
+                self.client.set(self.keys.model_version(name), model.version)
+                self._models[name] = model
                 log.info(
                     "model %s loaded on %s in %.2fs", name, self.device, time.monotonic() - started
                 )
@@ -166,7 +169,7 @@ class WorkerRuntime:
         redelivered: bool,
     ) -> int:
         policy = self.settings.policy(model_name)
-        writer = ResultWriter(self.client, self.keys, model_name)
+        writer = ResultWriter(self.client, self.keys, model_name, policy.cache_ttl_s)
         stream = self.keys.requests(model_name)
         read = read_entries(
             [(entry_id, {STREAM_FIELD: raw}) for entry_id, raw in entries],

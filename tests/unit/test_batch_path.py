@@ -218,7 +218,7 @@ def test_batch_task_writes_each_result_and_clears_the_ledger(
         result = stored_result(fake_redis, request_id)
         assert result.output == expected_output(value)
         assert result.batch_size == 4
-        assert result.model_version == SyntheticModel.version
+        assert result.model_version == SyntheticModel().version
     assert fake_redis.xlen(STREAM) == 0
     delivered = {r.request_id: r.output for r in producer.results(ids, timeout_s=5)}
     assert delivered == {

@@ -22,9 +22,10 @@ def expected_output(item: Any) -> dict[str, Any]:
 class SyntheticModel:
     """Sleeps like a GPU batch and echoes its inputs."""
 
-    version = "1"
-
-    def __init__(self, base_ms: float | str = 20.0, per_item_ms: float | str = 0.5) -> None:
+    def __init__(
+        self, base_ms: float | str = 20.0, per_item_ms: float | str = 0.5, version: str = "1"
+    ) -> None:
+        self.version = str(version)
         self.base_ms = float(base_ms)
         self.per_item_ms = float(per_item_ms)
         if self.base_ms < 0 or self.per_item_ms < 0:
