@@ -17,7 +17,8 @@
     │   ├── RequestExpired        code "expired"
     │   ├── InvalidRequest        code "invalid_input"
     │   ├── ModelError            code "model_error"
-    │   └── PoisonInput           code "poison"
+    │   ├── PoisonInput           code "poison"
+    │   └── RequestCancelled      code "cancelled"
     ├── ResultTimeout             no final answer within the caller's wait
     └── UnknownRequest            no such request id, or its result has expired
 """
@@ -132,6 +133,12 @@ class PoisonInput(RequestFailed):
     code = "poison"
 
 
+class RequestCancelled(RequestFailed):
+    """Raised when the request was cancelled (``Producer.cancel``) before its answer."""
+
+    code = "cancelled"
+
+
 class ResultTimeout(BatchfleetError):
     """Raised when a caller's wait ends before the request's final answer; it may still come."""
 
@@ -141,7 +148,8 @@ class UnknownRequest(BatchfleetError):
 
 
 FAILURES_BY_CODE: dict[str, type[RequestFailed]] = {
-    cls.code: cls for cls in (RequestExpired, InvalidRequest, ModelError, PoisonInput)
+    cls.code: cls
+    for cls in (RequestExpired, InvalidRequest, ModelError, PoisonInput, RequestCancelled)
 }
 
 

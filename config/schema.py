@@ -17,7 +17,7 @@ from config.errors import InvalidInput, RequestFailed, WireFormatError, failure_
 
 STREAM_FIELD = "request"
 
-ErrorCode = Literal["expired", "invalid_input", "model_error", "poison"]
+ErrorCode = Literal["expired", "invalid_input", "model_error", "poison", "cancelled"]
 MAX_NESTING = 100
 MAX_REQUEST_ID_LEN = 200
 

@@ -27,7 +27,7 @@ from config.errors import (
     UnknownRequest,
     WireFormatError,
 )
-from config.keys import Keys
+from config.keys import CONSUMER_GROUP, Keys
 from config.schema import (
     MAX_REQUEST_ID_LEN,
     STREAM_FIELD,
@@ -48,10 +48,13 @@ MAX_DEADLINE_S = 7 * 24 * 3600.0
 # an input the model's response cache holds (for its current version) is answered at once
 # without entering the queue, the queue cap is checked per request, and accepted requests are
 # appended to the stream.
+# A request's record holds ``digest:entry id:model`` while it is queued (``digest`` alone for
+# a cache hit): the digest makes resubmission idempotent, the entry lets ``cancel`` find it.
 # KEYS: stream, model's stats hash, model's version key, then per request: its record, its
 #       result
 # ARGV: max_queue_len, stream field, cache key prefix ('' = no cache), then per request:
-#       digest, request json, record ttl ms, cached result's JSON head, result ttl ms
+#       digest, request json, record ttl ms, cached result's JSON head, result ttl ms; last,
+#       the model's name
 ADMIT_SCRIPT = """
 local statuses = {}
 local counts = {accepted = 0, ['refused:queue_full'] = 0, ['refused:id_conflict'] = 0,
@@ -67,7 +70,8 @@ for i = 4, #KEYS, 2 do
   local cached = false
   local record = redis.call('GET', KEYS[i])
   if record then
-    if record == ARGV[at] then status = 'duplicate' else status = 'conflict' end
+    if string.sub(record, 1, #ARGV[at]) == ARGV[at] then status = 'duplicate'
+    else status = 'conflict' end
   else
     if version then
       cached = redis.call('GET', ARGV[3] .. version .. ':' .. ARGV[at])
@@ -83,8 +87,9 @@ for i = 4, #KEYS, 2 do
     elseif queued >= cap then
       status = 'full'
     else
-      redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 2])
-      redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
+      local entry = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
+      redis.call('SET', KEYS[i], ARGV[at] .. ':' .. entry .. ':' .. ARGV[4 + #KEYS], 'PX',
+        ARGV[at + 2])
       queued = queued + 1
       status = 'accepted'
     end
@@ -113,6 +118,51 @@ redis.call('PEXPIRE', KEYS[3], ttl)
 return {'pending', ''}
 """
 
+# Ends a request ``cancelled`` unless it has its final answer: a request no batcher has read
+# yet leaves the stream at once (it never runs); one a batcher or a waiting batch holds is
+# skipped when its batch starts (its answer exists); one on a device now runs on, and its
+# output is discarded (first answer wins).
+# KEYS: request record, result, waiters
+# ARGV: the cancelled result's JSON head (the script appends the model), result ttl ms, key
+#       prefix, consumer group
+CANCEL_SCRIPT = """
+local record = redis.call('GET', KEYS[1])
+if not record then return 'unknown' end
+local _, _, entry, model = string.find(record, '^[^:]*:([^:]*):(.*)$')
+local result = ARGV[1] .. cjson.encode(model or '') .. '}'
+if not redis.call('SET', KEYS[2], result, 'NX', 'PX', ARGV[2]) then return 'final' end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+for _, inbox in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('LPUSH', inbox, result)
+  redis.call('PEXPIRE', inbox, ARGV[2])
+end
+redis.call('DEL', KEYS[3])
+if not entry then return 'cancelled' end
+local prefix = ARGV[3] .. ':m:' .. model .. ':'
+redis.call('HINCRBY', prefix .. 'stats', 'failed:cancelled', 1)
+local stream = prefix .. 'requests'
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+local delivered = '0-0'
+if ok then
+  for _, group in ipairs(groups) do
+    local fields = {}
+    for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
+    if fields['name'] == ARGV[4] then delivered = fields['last-delivered-id'] end
+  end
+end
+local function parts(id)
+  local _, _, ms, seq = string.find(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local ems, eseq = parts(entry)
+local dms, dseq = parts(delivered)
+if ems > dms or (ems == dms and eseq > dseq) then
+  redis.call('XDEL', stream, entry)
+  return 'removed'
+end
+return 'cancelled'
+"""
+
 SUBMIT_CHUNK = 256
 T = TypeVar("T")
 
@@ -139,11 +189,28 @@ class Prepared:
 class ProducerCore:
     """Validates and encodes requests and reads script replies; does no I/O."""
 
-    def __init__(self, settings: Settings, producer_id: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, producer_id: str | None = None, cancel_on_exit: bool = False
+    ) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.producer_id = producer_id or uuid.uuid4().hex
         self.inbox = self.keys.inbox(self.producer_id)
+        self.cancel_on_exit = cancel_on_exit
+        self._outstanding: set[str] = set()
+
+    def submitted(self, request_ids: Iterable[str]) -> None:
+        """Notes requests this producer enqueued: with ``cancel_on_exit``, those it has not
+        received an answer for are cancelled when it closes."""
+        if self.cancel_on_exit:
+            self._outstanding.update(request_ids)
+
+    def answered(self, request_id: str) -> None:
+        self._outstanding.discard(request_id)
+
+    def outstanding(self) -> list[str]:
+        """The requests to cancel on close."""
+        return sorted(self._outstanding)
 
     def prepare(
         self,
@@ -219,6 +286,7 @@ class ProducerCore:
             keys += [item.record_key, item.result_key]
             args += [item.digest, item.encoded, item.record_ttl_ms]
             args += [cached_result_head(item), item.result_ttl_ms]
+        args.append(model)
         return keys, args
 
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
@@ -284,6 +352,36 @@ class ProducerCore:
             ],
             [self.inbox],
         )
+
+    def cancel_call(self, request_id: str) -> tuple[list[str], list[str | int]]:
+        """The keys and args of the cancel script for ``request_id``."""
+        ttl_s = max(policy.result_ttl_s for policy in self.settings.models.values())
+        head = {
+            "request_id": request_id,
+            "error": {"code": "cancelled", "message": "cancelled by its caller"},
+            "finished_at": time.time(),
+        }
+        keys = [
+            self.keys.request(request_id),
+            self.keys.result(request_id),
+            self.keys.waiters(request_id),
+        ]
+        head_json = json.dumps(head)[:-1] + ',"model":'
+        return keys, [head_json, int(ttl_s * 1000), self.settings.key_prefix, CONSUMER_GROUP]
+
+    @staticmethod
+    def read_cancel(request_id: str, reply: str | bytes) -> bool:
+        """Whether the cancel script ended the request (False: it had its final answer).
+
+        Raises:
+            UnknownRequest: the id was never accepted or its result has expired.
+        """
+        status = reply.decode() if isinstance(reply, bytes) else reply
+        if status == "unknown":
+            raise UnknownRequest(
+                f"request {request_id!r} is unknown: never accepted, or its result expired"
+            )
+        return status != "final"
 
     @staticmethod
     def read_watch(request_id: str, reply: list[Any]) -> Result | None:

@@ -12,11 +12,12 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from config.errors import BrokerUnavailable, RequestRejected, ResultTimeout
+from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.admission import (
     ADMIT_SCRIPT,
+    CANCEL_SCRIPT,
     INBOX_DRAIN,
     WATCH_SCRIPT,
     Prepared,
@@ -111,11 +112,13 @@ class AsyncProducer:
         client: aioredis.Redis | None = None,
         listen_client: aioredis.Redis | None = None,
         producer_id: str | None = None,
+        cancel_on_exit: bool = False,
     ) -> None:
-        self._core = ProducerCore(settings or load_settings(), producer_id)
+        self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
         self._client = client or connect_async(self._core.settings)
         self._admit = self._client.register_script(ADMIT_SCRIPT)
         self._watch = self._client.register_script(WATCH_SCRIPT)
+        self._cancel = self._client.register_script(CANCEL_SCRIPT)
         self._listener = AsyncInboxListener(
             listen_client or connect_async(self._core.settings), self._core.inbox
         )
@@ -139,6 +142,7 @@ class AsyncProducer:
         with broker_errors():
             (reply,) = await self._admit(keys=keys, args=args)
         self._core.check_admission(prepared, reply)
+        self._core.submitted([prepared.request_id])
         return prepared.request_id
 
     async def submit_many(
@@ -159,6 +163,7 @@ class AsyncProducer:
             with broker_errors():
                 replies = await self._admit(keys=keys, args=args)
             ids, refusal = self._core.check_chunk(chunk, replies)
+            self._core.submitted(ids)
             accepted.extend(ids)
             if refusal is not None:
                 refusal.accepted_ids = accepted
@@ -186,7 +191,37 @@ class AsyncProducer:
     async def results(
         self, request_ids: Sequence[str], timeout_s: float | None = None
     ) -> AsyncIterator[Result]:
-        """Yields each request's final ``Result`` as it completes; see ``Producer.results``."""
+        """Yields each request's final ``Result`` as it completes; see ``Producer.results``.
+        With ``cancel_on_exit``, cancelling the task that waits cancels the requests it was
+        still waiting for."""
+        waiting = set(request_ids)
+        try:
+            async for result in self._results(request_ids, timeout_s):
+                waiting.discard(result.request_id)
+                self._core.answered(result.request_id)
+                yield result
+        except asyncio.CancelledError:
+            if self._core.cancel_on_exit:
+                await asyncio.shield(self._cancel_quietly(sorted(waiting)))
+            raise
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancels a request; see ``Producer.cancel``."""
+        keys, args = self._core.cancel_call(request_id)
+        with broker_errors():
+            reply = await self._cancel(keys=keys, args=args)
+        self._core.answered(request_id)
+        return self._core.read_cancel(request_id, reply)
+
+    async def _cancel_quietly(self, request_ids: Sequence[str]) -> None:
+        """Cancels each of ``request_ids``, best effort (a close or a cancellation goes on)."""
+        for request_id in request_ids:
+            with contextlib.suppress(BatchfleetError):
+                await self.cancel(request_id)
+
+    async def _results(
+        self, request_ids: Sequence[str], timeout_s: float | None
+    ) -> AsyncIterator[Result]:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         deadline = monotonic() + timeout_s
@@ -237,7 +272,9 @@ class AsyncProducer:
         return [by_id[request_id].unwrap() for request_id in ids]
 
     async def aclose(self) -> None:
-        """Stops the inbox listener and releases connections."""
+        """Cancels what it still waits for (with ``cancel_on_exit``), stops the inbox
+        listener and releases connections."""
+        await self._cancel_quietly(self._core.outstanding())
         await self._listener.aclose()
         with contextlib.suppress(redis.RedisError):
             await self._client.delete(self._core.inbox)

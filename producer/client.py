@@ -12,11 +12,12 @@ from typing import Any
 
 import redis
 
-from config.errors import BrokerUnavailable, RequestRejected, ResultTimeout
+from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
 from producer.admission import (
     ADMIT_SCRIPT,
+    CANCEL_SCRIPT,
     INBOX_DRAIN,
     WATCH_SCRIPT,
     Prepared,
@@ -98,7 +99,9 @@ class InboxListener:
 
 
 class Producer:
-    """Submits requests to the fleet and waits for their results, blocking.
+    """Submits requests to the fleet and waits for their results, blocking. With
+    ``cancel_on_exit``, closing it (leaving its ``with`` block) cancels the requests it
+    submitted and has not received an answer for.
 
     Example::
 
@@ -113,11 +116,13 @@ class Producer:
         client: redis.Redis | None = None,
         listen_client: redis.Redis | None = None,
         producer_id: str | None = None,
+        cancel_on_exit: bool = False,
     ) -> None:
-        self._core = ProducerCore(settings or load_settings(), producer_id)
+        self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
         self._client = client or connect(self._core.settings)
         self._admit = self._client.register_script(ADMIT_SCRIPT)
         self._watch = self._client.register_script(WATCH_SCRIPT)
+        self._cancel = self._client.register_script(CANCEL_SCRIPT)
         self._listener = InboxListener(
             listen_client or connect(self._core.settings), self._core.inbox
         )
@@ -153,6 +158,7 @@ class Producer:
         with broker_errors():
             (reply,) = self._admit(keys=keys, args=args)
         self._core.check_admission(prepared, reply)
+        self._core.submitted([prepared.request_id])
         return prepared.request_id
 
     def submit_many(
@@ -180,6 +186,7 @@ class Producer:
             with broker_errors():
                 replies = self._admit(keys=keys, args=args)
             ids, refusal = self._core.check_chunk(chunk, replies)
+            self._core.submitted(ids)
             accepted.extend(ids)
             if refusal is not None:
                 refusal.accepted_ids = accepted
@@ -230,6 +237,26 @@ class Producer:
             UnknownRequest: an id was never accepted, or its result expired.
             BrokerUnavailable: Redis cannot be reached.
         """
+        for result in self._results(request_ids, timeout_s):
+            self._core.answered(result.request_id)
+            yield result
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancels a request: queued, it never runs; in a batch already running, its output
+        is discarded. Either way its answer is a ``cancelled`` error (``RequestCancelled``)
+        for every caller. Returns False when it already had its final answer.
+
+        Raises:
+            UnknownRequest: the id was never accepted, or its result expired.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        keys, args = self._core.cancel_call(request_id)
+        with broker_errors():
+            reply = self._cancel(keys=keys, args=args)
+        self._core.answered(request_id)
+        return self._core.read_cancel(request_id, reply)
+
+    def _results(self, request_ids: Sequence[str], timeout_s: float | None) -> Iterator[Result]:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         deadline = monotonic() + timeout_s
@@ -289,7 +316,11 @@ class Producer:
         return [by_id[request_id].unwrap() for request_id in ids]
 
     def close(self) -> None:
-        """Stops the inbox listener and releases connections."""
+        """Cancels what it still waits for (with ``cancel_on_exit``), stops the inbox
+        listener and releases connections."""
+        for request_id in self._core.outstanding():
+            with contextlib.suppress(BatchfleetError):  # best effort: closing goes on
+                self.cancel(request_id)
         self._listener.close()
         with contextlib.suppress(redis.RedisError):
             self._client.delete(self._core.inbox)

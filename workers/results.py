@@ -24,7 +24,7 @@ from config.schema import ErrorCode, ErrorInfo, Request, Result, canonical_json
 FINALIZE_SCRIPT = """
 local status
 local record = redis.call('GET', KEYS[2])
-if ARGV[2] ~= '' and record ~= ARGV[2] then
+if ARGV[2] ~= '' and (not record or string.sub(record, 1, #ARGV[2]) ~= ARGV[2]) then
   status = 'stale'
 elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then
   if record then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
