@@ -18,6 +18,7 @@ key                         type    writer                    reader            
                                                                                  when final
 ``bf:m:{model}:stats``      hash    producer, worker,         metrics, top       none
                             batcher (counts)
+``bf:m:{model}:model_time`` hash    worker (heartbeat)        batcher            none
 ``bf:m:{model}:latency``    list    worker (finalize)         top                none; capped at
                                                                                  2,000 items
 ``bf:m:{model}:batch_cap``  string  worker (out of memory)    batcher, worker    none; DEL'd
@@ -129,6 +130,10 @@ class Keys:
     def cache(self, model: str, version: str, digest: str) -> str:
         """The cached output of an input (by its digest) for one version of the model."""
         return f"{self.cache_prefix(model)}{version}:{digest}"
+
+    def model_time(self, model: str) -> str:
+        """The model's measured time per batch-size bucket (power of two → seconds)."""
+        return f"{self.prefix}:m:{model}:model_time"
 
     def latencies(self, model: str) -> str:
         """The model's latest answers: ``finished_at:latency_s`` items, newest first, capped."""

@@ -77,6 +77,10 @@ def input_digest(model: str, input_json: str) -> str:
     return hashlib.sha256(f"{model}\n{input_json}".encode()).hexdigest()
 
 
+Priority = Literal["high", "normal", "low"]
+PRIORITY_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
+
+
 def encode_request(
     request_id: str,
     model: str,
@@ -84,13 +88,15 @@ def encode_request(
     digest: str,
     submitted_at: float,
     deadline_at: float,
+    priority: Priority = "normal",
 ) -> str:
     """The wire form of a :class:`Request` from checked parts, without building the model:
     the producer's hot path. A unit test pins it to ``Request.encode``'s decoding."""
     return (
         f'{{"schema_version":1,"request_id":{json.dumps(request_id)},'
         f'"model":{json.dumps(model)},"input":{input_json},"digest":"{digest}",'
-        f'"submitted_at":{submitted_at!r},"deadline_at":{deadline_at!r}}}'
+        f'"submitted_at":{submitted_at!r},"deadline_at":{deadline_at!r},'
+        f'"priority":"{priority}"}}'
     )
 
 
@@ -106,6 +112,7 @@ class Request(BaseModel):
     digest: str
     submitted_at: float
     deadline_at: float
+    priority: Priority = "normal"
 
     def encode(self) -> str:
         return self.model_dump_json()

@@ -44,6 +44,14 @@ class ModelPolicy(BaseModel):
     # only the batcher, which sees the costs, forms batches.
     max_batch_cost: int | None = Field(None, ge=1)
     group_by_cost: bool = False
+    # Requests may carry a priority (high, normal, low): the batcher fills batches from a
+    # pool of queued requests in order of due time, a request's deadline plus 0, 1 or 2 x
+    # priority_aging_s, so a lower priority waits longer but is never starved.
+    priorities: bool = False
+    priority_aging_s: float = Field(10.0, gt=0)
+    # A batch held to grow is sent early when holding it longer, plus the model time
+    # measured for its size, would make its earliest deadline pass.
+    deadline_aware: bool = True
     max_queue_len: int = Field(100_000, ge=1)
     max_input_bytes: int = Field(MIB, ge=1)
     request_timeout_s: float = Field(60.0, gt=0)
@@ -59,9 +67,15 @@ class ModelPolicy(BaseModel):
         return self.max_batch_cost is not None or self.group_by_cost
 
     @property
+    def batcher_chooses(self) -> bool:
+        """Whether the batcher forms each batch from a pool of queued requests (by cost or by
+        priority), instead of sending what comes for workers to top up."""
+        return self.uses_costs or self.priorities
+
+    @property
     def tops_up(self) -> bool:
         """Whether a batch waiting for its device takes newer requests (late binding)."""
-        return self.late_binding and not self.uses_costs
+        return self.late_binding and not self.batcher_chooses
 
 
 class BatcherSettings(BaseModel):

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from config.errors import (
     DeadlinePassed,
@@ -30,7 +30,9 @@ from config.errors import (
 from config.keys import CONSUMER_GROUP, Keys
 from config.schema import (
     MAX_REQUEST_ID_LEN,
+    PRIORITY_RANK,
     STREAM_FIELD,
+    Priority,
     Request,
     Result,
     canonical_json,
@@ -219,6 +221,7 @@ class ProducerCore:
         *,
         request_id: str | None = None,
         deadline_s: float | None = None,
+        priority: str = "normal",
     ) -> Prepared:
         """Validates one request and builds its admission call.
 
@@ -242,13 +245,20 @@ class ProducerCore:
             raise DeadlinePassed(f"request {request_id}: deadline {timeout_s}s is already past")
         if timeout_s > MAX_DEADLINE_S:
             raise InvalidInput(f"deadline_s {timeout_s} is over the {MAX_DEADLINE_S:.0f}s maximum")
+        if priority not in PRIORITY_RANK:
+            raise InvalidInput(f"priority is one of {list(PRIORITY_RANK)}, got {priority!r}")
+        if priority != "normal" and not policy.priorities:
+            raise InvalidInput(f"model {model!r} takes no priorities (set its priorities = true)")
         now = time.time()
         digest = input_digest(model, input_json)
+        encoded = encode_request(
+            request_id, model, input_json, digest, now, now + timeout_s, cast(Priority, priority)
+        )
         return Prepared(
             request_id=request_id,
             model=model,
             digest=digest,
-            encoded=encode_request(request_id, model, input_json, digest, now, now + timeout_s),
+            encoded=encoded,
             record_key=self.keys.request(request_id),
             record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
             result_key=self.keys.result(request_id),
@@ -263,6 +273,7 @@ class ProducerCore:
         *,
         request_ids: Sequence[str] | None = None,
         deadline_s: float | None = None,
+        priority: str = "normal",
     ) -> list[Prepared]:
         """Validates every input (see ``prepare``), before any is enqueued; ``request_ids``,
         when given, are the caller's, one per input."""
@@ -271,7 +282,9 @@ class ProducerCore:
             raise InvalidInput(f"{len(request_ids)} request ids for {len(items)} inputs")
         ids = request_ids if request_ids is not None else [None] * len(items)
         return [
-            self.prepare(model, item, request_id=request_id, deadline_s=deadline_s)
+            self.prepare(
+                model, item, request_id=request_id, deadline_s=deadline_s, priority=priority
+            )
             for item, request_id in zip(items, ids, strict=True)
         ]
 

@@ -134,10 +134,13 @@ class AsyncProducer:
         *,
         request_id: str | None = None,
         deadline_s: float | None = None,
+        priority: str = "normal",
     ) -> str:
         """Enqueues one request and returns its id; see ``Producer.submit``."""
         ids = None if request_id is None else [request_id]
-        (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
+        (prepared,) = await self._prepare(
+            model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
+        )
         keys, args = self._core.admit_call([prepared])
         with broker_errors():
             (reply,) = await self._admit(keys=keys, args=args)
@@ -152,10 +155,11 @@ class AsyncProducer:
         *,
         request_ids: Sequence[str] | None = None,
         deadline_s: float | None = None,
+        priority: str = "normal",
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk; see ``Producer.submit_many``."""
         prepared = await self._prepare(
-            model, inputs, request_ids=request_ids, deadline_s=deadline_s
+            model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
         accepted: list[str] = []
         for chunk in chunks(prepared):

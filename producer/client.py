@@ -138,6 +138,7 @@ class Producer:
         *,
         request_id: str | None = None,
         deadline_s: float | None = None,
+        priority: str = "normal",
     ) -> str:
         """Enqueues one request and returns its id.
 
@@ -147,13 +148,16 @@ class Producer:
             request_id: your own id; resubmitting it with the same input does not run twice.
             deadline_s: seconds from now after which the request is dropped as ``expired``;
                 the model's ``request_timeout_s`` when omitted.
+            priority: ``high``, ``normal`` or ``low``, for a model with ``priorities``.
 
         Raises:
             RequestRejected: (a subclass) refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
         ids = None if request_id is None else [request_id]
-        (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
+        (prepared,) = self._prepare(
+            model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
+        )
         keys, args = self._core.admit_call([prepared])
         with broker_errors():
             (reply,) = self._admit(keys=keys, args=args)
@@ -168,6 +172,7 @@ class Producer:
         *,
         request_ids: Sequence[str] | None = None,
         deadline_s: float | None = None,
+        priority: str = "normal",
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk of 256, and returns their ids.
 
@@ -179,7 +184,9 @@ class Producer:
             RequestRejected: (another subclass) an input was refused; nothing was enqueued.
             BrokerUnavailable: Redis cannot be reached.
         """
-        prepared = self._prepare(model, inputs, request_ids=request_ids, deadline_s=deadline_s)
+        prepared = self._prepare(
+            model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
+        )
         accepted: list[str] = []
         for chunk in chunks(prepared):
             keys, args = self._core.admit_call(chunk)

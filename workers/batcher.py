@@ -21,6 +21,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
+from config.schema import PRIORITY_RANK
 from config.settings import Settings
 from producer.client import connect
 from workers.batch_cap import BatchCap
@@ -28,6 +29,7 @@ from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
 from workers.entries import StreamEntry, read_entries, to_text
 from workers.metrics import batcher_registry, serve_metrics
+from workers.model_times import ModelTimeEstimate
 from workers.models.registry import cost_function
 from workers.policy import Pending, Plan, plan_batch
 from workers.results import ResultWriter, error_final, gave_up_final
@@ -42,8 +44,9 @@ PRECISE_BLOCK_S = 0.1
 # While every worker slot is busy, the unread backlog is scanned this often for requests past
 # their deadline, BACKLOG_SCAN_COUNT entries at a time, resuming where the last scan stopped.
 BACKLOG_SCAN_S = 0.2
-# Batches formed by cost choose among this many batches' worth of queued requests.
-COST_LOOKAHEAD_BATCHES = 64
+# Batches the batcher forms itself (by cost or priority) choose among this many batches' worth
+# of queued requests.
+LOOKAHEAD_BATCHES = 64
 BACKLOG_SCAN_COUNT = 200
 RECLAIM_PAGE = 100
 RECLAIM_PAGES = 100
@@ -103,8 +106,9 @@ class ModelBatcher:
         self._lease_s = settings.batcher.reclaim_lease_s
         self._cost_of = cost_function(self.policy)
         self._batch_cap = BatchCap(client, self.keys, model, self.policy.max_batch_size)
+        self._model_times = ModelTimeEstimate(client, self.keys, model)
         self._pool_size = self.policy.max_batch_size * (
-            COST_LOOKAHEAD_BATCHES if self.policy.uses_costs else 1
+            LOOKAHEAD_BATCHES if self.policy.batcher_chooses else 1
         )
         self._pending: dict[str, Pending] = {}
         self._next_reclaim = 0.0
@@ -166,7 +170,12 @@ class ModelBatcher:
         if cap < policy.max_batch_size:  # a device ran out of memory at a larger batch
             policy = policy.model_copy(update={"max_batch_size": cap})
         plan = plan_batch(
-            list(self._pending.values()), policy, monotonic(), free, capacity.idle_workers
+            list(self._pending.values()),
+            policy,
+            monotonic(),
+            free,
+            capacity.idle_workers,
+            self._model_times.seconds,
         )
         if plan.expired:
             self._expire(plan.expired)
@@ -175,11 +184,11 @@ class ModelBatcher:
             return plan
         wait_s = min(plan.wait_s if plan.wait_s is not None else MAX_BLOCK_S, MAX_BLOCK_S)
         room = self._pool_size - len(self._pending)
-        if free <= 0 or (self.policy.uses_costs and self._pending):
+        if free <= 0 or (self.policy.batcher_chooses and self._pending):
             # Unread requests stay in the stream, where a waiting batch takes them when its
             # device frees (late binding); only their deadlines are watched from here. Batches
             # formed by cost fill the pool they choose from, and wait for an idle device.
-            if self.policy.uses_costs:
+            if self.policy.batcher_chooses:
                 self._take(self._read(count=room, block_s=None))
             if now >= self._next_backlog_scan:
                 self._next_backlog_scan = now + BACKLOG_SCAN_S
@@ -307,6 +316,9 @@ class ModelBatcher:
                 deadline_at=now_mono + (request.deadline_at - now_wall),
                 attempts=tries,
                 cost=cost,
+                handicap_s=PRIORITY_RANK[request.priority] * self.policy.priority_aging_s
+                if self.policy.priorities
+                else 0.0,
             )
         self._writer.bury(poison)
         self._writer.finalize([*read.invalid, *refused])

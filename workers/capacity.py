@@ -162,11 +162,13 @@ def node_heartbeat(
     models: Sequence[str],
     ttl_s: float,
     gpu_claim: str | None = None,
+    model_times: Mapping[str, Mapping[Any, str]] | None = None,
 ) -> dict[str, int]:
     """A worker process's heartbeat, in one round trip: marks its device consumer alive (a
     batch delivered again leaves what a live device holds to it, and counts a death for what
     a gone one held), replaces its status hash and renews its GPU claim (``--gpu auto``), all
-    kept for ``ttl_s``; returns its models' queue depths."""
+    kept for ``ttl_s``, and publishes its measured model times; returns its models' queue
+    depths."""
     pipe = client.pipeline(transaction=False)
     client.register_script(DEVICE_HEARTBEAT_SCRIPT)(
         keys=[keys.devices()], args=[device_consumer, ttl_s], client=pipe
@@ -177,6 +179,8 @@ def node_heartbeat(
         pipe.pexpire(keys.node(hostname), int(ttl_s * 1000))
     if gpu_claim is not None:
         pipe.set(gpu_claim, hostname, px=int(ttl_s * 1000))
+    for model, times in (model_times or {}).items():
+        pipe.hset(keys.model_time(model), mapping=times)
     for model in models:
         pipe.xlen(keys.requests(model))
     replies = pipe.execute()

@@ -21,19 +21,29 @@ device is busy requests gather into fuller batches. Rules, in order:
    worker does not see costs): it is held until a device is idle (rule 3), gathering every
    request that arrives meanwhile, since a small batch waiting in a worker would cost
    throughput the padding saved.
-5. Otherwise the plan says how long until rule 1 or 4 can next fire.
+5. A batch held to grow (rule 4) leaves early (``deadline``) when holding it longer, plus
+   the model time measured for its size, would make its earliest deadline pass.
+6. Otherwise the plan says how long until rule 1, 4 or 5 can next fire.
+
+"Oldest" is by due time: a request's deadline plus its priority's handicap (0, one or two
+``priority_aging_s`` for high, normal, low). With one timeout for all and no priorities that
+is arrival order; with per-request deadlines it is earliest deadline first; and a low
+priority request is passed only by requests due less than two aging periods after it, so it
+is never starved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from config.schema import Request
 from config.settings import ModelPolicy
 
-FlushReason = Literal["size", "budget", "idle", "slot", "wait", "isolated"]
+FlushReason = Literal["size", "budget", "idle", "slot", "wait", "isolated", "deadline"]
+# Time a batch needs between leaving the batcher and starting on its device.
+DISPATCH_MARGIN_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,12 @@ class Pending:
     deadline_at: float
     attempts: int = 0
     cost: int = 1
+    handicap_s: float = 0.0
+
+    @property
+    def due_at(self) -> float:
+        """When the request is due, for ordering: its deadline plus its priority's handicap."""
+        return self.deadline_at + self.handicap_s
 
 
 @dataclass(frozen=True)
@@ -65,20 +81,24 @@ def plan_batch(
     now: float,
     free_slots: int,
     idle_workers: int = 0,
+    model_s: Callable[[int], float] | None = None,
 ) -> Plan:
     """Decides the next batch; ``wait_s`` None means nothing is due until a new event.
 
     Args:
         free_slots: batches the workers can take now.
         idle_workers: live workers with no batch at all (their devices are idle).
+        model_s: the model time measured for a batch size, for ``deadline_aware`` policies.
     """
     expired = tuple(item for item in pending if item.deadline_at <= now)
     live = sorted(
-        (item for item in pending if item.deadline_at > now), key=lambda item: item.arrived_at
+        (item for item in pending if item.deadline_at > now),
+        key=lambda item: (item.due_at, item.arrived_at),
     )
     if not live:
         return Plan(expired=expired)
-    oldest_wait_s = now - live[0].arrived_at
+    oldest_wait_s = now - min(item.arrived_at for item in live)
+    wait_s = min(item.deadline_at for item in live) - now
     if free_slots > 0:
         suspect = next((item for item in live if item.attempts > 0), None)
         if suspect is not None:
@@ -90,12 +110,18 @@ def plan_batch(
             return Plan(expired, batch, "idle")
         if policy.tops_up:
             return Plan(expired, batch, "slot")
-        if not policy.uses_costs and oldest_wait_s >= policy.max_wait_s:
-            return Plan(expired, batch, "wait")
-    until_deadline_s = min(item.deadline_at for item in live) - now
-    wait_s = until_deadline_s
-    if free_slots > 0 and not policy.uses_costs:
-        wait_s = min(wait_s, policy.max_wait_s - oldest_wait_s)
+        if not policy.batcher_chooses:
+            if oldest_wait_s >= policy.max_wait_s:
+                return Plan(expired, batch, "wait")
+            wait_s = min(wait_s, policy.max_wait_s - oldest_wait_s)
+        if policy.deadline_aware and model_s is not None:
+            # Slack: how much longer the batch can wait and still finish before its earliest
+            # deadline, at the model time measured for its size.
+            earliest = min(item.deadline_at for item in batch)
+            slack_s = earliest - now - model_s(len(batch)) - DISPATCH_MARGIN_S
+            if slack_s <= 0:
+                return Plan(expired, batch, "deadline")
+            wait_s = min(wait_s, slack_s)
     return Plan(expired=expired, wait_s=max(wait_s, 0.0))
 
 

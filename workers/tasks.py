@@ -26,6 +26,7 @@ from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
 from workers.gpu import GpuTelemetry
 from workers.metrics import WorkerMetrics
+from workers.model_times import MeasuredModelTimes
 from workers.models.base import ItemError, Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final, gave_up_final
@@ -54,6 +55,7 @@ class WorkerRuntime:
         self.gpu_claim = gpu_claim
         self.metrics = WorkerMetrics(self.gpu, hostname)
         self.work = WorkDone()
+        self.model_times = MeasuredModelTimes()
         self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
@@ -109,6 +111,7 @@ class WorkerRuntime:
                 self.model_names,
                 self.settings.worker.heartbeat_ttl_s,
                 self.gpu_claim,
+                self.model_times.fields(),
             )
         except redis.RedisError as exc:
             log.warning("device heartbeat failed: %s", exc)
@@ -230,6 +233,8 @@ class WorkerRuntime:
             requests = [request for _, request in run.items]
             self.metrics.observe_run(model_name, requests, run.model_s, run.finished_at)
             self.work.add(len(requests), run.model_s, run.finished_at)
+            if run.error is None:
+                self.model_times.add(model_name, len(requests), run.model_s)
 
     def _count_attempts(
         self,

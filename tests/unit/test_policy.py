@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from config.schema import Request
 from config.settings import ModelPolicy
-from workers.policy import Pending, Plan, plan_batch
+from workers.policy import DISPATCH_MARGIN_S, Pending, Plan, plan_batch
 
 POLICY = ModelPolicy(max_batch_size=4, max_wait_s=0.015, late_binding=False)
 LATE_BINDING = ModelPolicy(max_batch_size=4, max_wait_s=0.015)
 
 
-def pending(index: int, arrived_at: float, deadline_at: float = 100.0, cost: int = 1) -> Pending:
+def pending(
+    index: int,
+    arrived_at: float,
+    deadline_at: float = 100.0,
+    cost: int = 1,
+    handicap_s: float = 0.0,
+) -> Pending:
     request = Request(
         request_id=f"r{index}",
         model="m",
@@ -26,6 +32,7 @@ def pending(index: int, arrived_at: float, deadline_at: float = 100.0, cost: int
         arrived_at=arrived_at,
         deadline_at=deadline_at,
         cost=cost,
+        handicap_s=handicap_s,
     )
 
 
@@ -163,3 +170,38 @@ def test_a_batch_formed_by_cost_waits_for_an_idle_device_not_for_a_free_slot() -
     assert busy.batch == () and busy.flush_reason is None
     idle = plan_batch(items, GROUPED, now=11.0, free_slots=1, idle_workers=1)
     assert idle.flush_reason == "idle" and ids(idle) == ["r0", "r1"]
+
+
+def test_requests_with_their_own_deadlines_leave_earliest_deadline_first() -> None:
+    items = [
+        pending(1, arrived_at=10.0, deadline_at=90.0),
+        pending(2, arrived_at=10.1, deadline_at=12.0),
+        pending(3, arrived_at=10.2, deadline_at=50.0),
+    ]
+    plan = plan_batch(items, ModelPolicy(max_batch_size=2), now=10.3, free_slots=1)
+    assert ids(plan) == ["r2", "r3"]
+
+
+def test_a_low_priority_request_is_passed_only_by_requests_due_within_two_aging_periods() -> None:
+    """Aging 10 s: a low request (handicap 20 s) arriving at t=0 goes after high requests due
+    up to 20 s after it, and before any due later, however many keep coming."""
+    policy = ModelPolicy(max_batch_size=4, priorities=True)
+    low = pending(0, arrived_at=0.0, deadline_at=60.0, handicap_s=20.0)
+    early_highs = [pending(i, arrived_at=i * 5.0, deadline_at=60.0 + i * 5.0) for i in (1, 2, 3)]
+    late_highs = [pending(i, arrived_at=i * 5.0, deadline_at=60.0 + i * 5.0) for i in (5, 6, 7)]
+    plan = plan_batch([*late_highs, low, *early_highs], policy, now=40.0, free_slots=1)
+    assert ids(plan) == ["r1", "r2", "r3", "r0"]
+
+
+def test_a_held_batch_leaves_early_when_waiting_would_miss_its_earliest_deadline() -> None:
+    """No late binding, max wait 1 s: a batch whose earliest deadline is 100 ms away leaves
+    at once when the model takes 97 ms at its size, and otherwise waits only until it must."""
+    policy = ModelPolicy(max_batch_size=8, max_wait_s=1.0, late_binding=False)
+    items = [pending(1, arrived_at=10.0, deadline_at=10.1), pending(2, arrived_at=10.0)]
+    slow = plan_batch(items, policy, now=10.0, free_slots=1, model_s=lambda size: 0.097)
+    assert slow.flush_reason == "deadline" and ids(slow) == ["r1", "r2"]
+    fast = plan_batch(items, policy, now=10.0, free_slots=1, model_s=lambda size: 0.01)
+    assert fast.batch == () and fast.wait_s is not None
+    assert abs(fast.wait_s - (0.1 - 0.01 - DISPATCH_MARGIN_S)) < 1e-9
+    plain = ModelPolicy(max_batch_size=8, max_wait_s=1.0, late_binding=False, deadline_aware=False)
+    assert plan_batch(items, plain, now=10.0, free_slots=1, model_s=lambda size: 0.097).batch == ()
