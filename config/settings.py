@@ -146,6 +146,9 @@ class Settings(BaseSettings):
     key_prefix: str = Field("bf", pattern=r"^[A-Za-z0-9_.-]+$")
     # Where ``--metrics-port`` serves /metrics: loopback unless told (0.0.0.0 in a container).
     metrics_host: str = "127.0.0.1"
+    # The price of one GPU (one worker's device) for an hour: bench, submit and top then
+    # report cost per 1,000 requests (per million tokens) and what idle device time cost.
+    gpu_cost_per_hour: float | None = Field(None, gt=0)
     models: dict[str, ModelPolicy] = Field(default_factory=default_models)
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)

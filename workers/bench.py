@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from config.settings import ModelPolicy
 from producer.async_client import AsyncProducer
 from workers.bench_inputs import inputs_for, poisson_arrivals, synthetic_input
 from workers.gpu import GpuSampler
 from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+from workers.models.registry import token_counter
+from workers.pricing import RunCost, run_cost
 from workers.private_fleet import PrivateFleet, private_fleet
 
 UNBATCHED_SUFFIX = "-unbatched"
@@ -50,6 +53,7 @@ class BenchConfig:
     group_by_cost: bool = False
     gpus: int = 0
     baseline: bool = False
+    gpu_cost_per_hour: float | None = None
     out_dir: Path = Path("benchmarks/results")
     seed: int = 1
 
@@ -229,12 +233,36 @@ def run_bench(config: BenchConfig) -> int:
                 print(table_line(summary), flush=True)
                 if summary["gpu_utilisation"] is not None:
                     print(f"{'':<14} GPU utilisation (NVML): {summary['gpu_utilisation']:.0%}")
+                cost = cost_of_run(config, model, summary)
+                if cost is not None and config.gpu_cost_per_hour is not None:
+                    summary["cost"] = vars(cost)
+                    print(f"{'':<14} {cost.describe(config.gpu_cost_per_hour)}")
     path = write_report(config, summaries)
     print(f"figures: {path}")
     if config.mode == "sweep":
         for plot in plot_sweep(summaries, path.with_suffix("")):
             print(f"plot: {plot}")
     return 0 if all(s["completed"] == s["sent"] for s in summaries) else 1
+
+
+def cost_of_run(config: BenchConfig, model: str, summary: dict[str, Any]) -> RunCost | None:
+    """The run's cost at ``gpu_cost_per_hour`` (one device per worker), with its tokens when
+    the model counts them; None without a price."""
+    if config.gpu_cost_per_hour is None:
+        return None
+    counter = token_counter(ModelPolicy.model_validate(config.models()[model]))
+    tokens = None
+    if counter is not None:
+        make_input = inputs_for(config.backend, config.seed)  # the run's inputs, in order
+        tokens = sum(counter(make_input(index)) for index in range(summary["sent"]))
+    return run_cost(
+        config.gpu_cost_per_hour,
+        config.workers,
+        summary["window_s"],
+        summary["completed"],
+        summary["busy_fraction"],
+        tokens,
+    )
 
 
 def write_report(config: BenchConfig, summaries: Sequence[dict[str, Any]]) -> Path:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +36,7 @@ from config.errors import QueueFull, RequestIdConflict, RequestRejected
 from config.schema import Result
 from producer.client import Producer
 from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+from workers.pricing import run_cost
 
 WINDOW = 2048
 QUEUE_FULL_BACKOFF_S = (0.05, 2.0)
@@ -70,6 +71,7 @@ class BulkReport:
     written: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
+    tokens: int = 0
     samples: list[Sample] = field(default_factory=list)
 
     def error(self, code: str) -> None:
@@ -145,6 +147,7 @@ class BulkJob:
         errors: IO[str],
         report: BulkReport,
         window: int = WINDOW,
+        count_tokens: Callable[[Any], int] | None = None,
     ) -> None:
         self._producer = producer
         self._model = model
@@ -152,6 +155,7 @@ class BulkJob:
         self._errors = errors
         self._report = report
         self._window = window
+        self._count_tokens = count_tokens
 
     def run(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
         """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
@@ -236,6 +240,8 @@ class BulkJob:
             )
             self._output.flush()
             self._report.written += 1
+            if self._count_tokens is not None:
+                self._report.tokens += self._count_tokens(line.input)
         else:
             self._write_error(line.custom_id, line.number, result.error.code, result.error.message)
 
@@ -258,10 +264,12 @@ def submit_file(
     errors: Path | None = None,
     window: int = WINDOW,
     console: Console | None = None,
+    count_tokens: Callable[[Any], int] | None = None,
 ) -> BulkReport:
     """Runs every request of the JSONL file ``path`` through the fleet: answers appended to
     ``output``, errors to ``errors`` (default: ``output`` with ``.errors.jsonl``); a rerun
-    resumes. Ctrl-C stops it cleanly (``interrupted`` in the report)."""
+    resumes. Ctrl-C stops it cleanly (``interrupted`` in the report). With ``count_tokens``
+    (the model's ``cost``), the report counts the tokens of the inputs answered."""
     errors = errors or output.with_suffix(".errors.jsonl")
     done = answered_ids(output, errors)
     report = BulkReport(total_lines=count_lines(path))
@@ -301,14 +309,18 @@ def submit_file(
             progress.update(task, completed=finished, rate=rate)
 
         try:
-            BulkJob(producer, model, out, err, report, window).run(remaining(), on_answer)
+            job = BulkJob(producer, model, out, err, report, window, count_tokens)
+            job.run(remaining(), on_answer)
         except KeyboardInterrupt:
             report.interrupted = True
     return report
 
 
-def print_summary(report: BulkReport, model: str, source: str) -> None:
-    """The demo's table for the requests answered, and what happened to every line."""
+def print_summary(
+    report: BulkReport, model: str, source: str, gpu_cost_per_hour: float | None = None
+) -> None:
+    """The demo's table for the requests answered, what happened to every line, and with a
+    GPU price what the run cost (one device per worker that answered)."""
     errors = ", ".join(f"{code} {count}" for code, count in sorted(report.errors.items()))
     print(
         f"batchfleet submit {source}: {report.written} answered, "
@@ -319,7 +331,19 @@ def print_summary(report: BulkReport, model: str, source: str) -> None:
         stats = RunStats(
             label=model, offered="file", sent=len(report.samples), samples=report.samples
         )
+        summary = stats.summary()
         print(TABLE_HEADER)
-        print(table_line(stats.summary()))
+        print(table_line(summary))
+        if gpu_cost_per_hour is not None:
+            devices = len({sample.result.worker for sample in report.samples} - {None})
+            cost = run_cost(
+                gpu_cost_per_hour,
+                max(1, devices),
+                summary["window_s"],
+                summary["completed"],
+                summary["busy_fraction"],
+                report.tokens or None,
+            )
+            print(cost.describe(gpu_cost_per_hour))
     if report.interrupted:
         print("interrupted: run the same command again to resume")

@@ -73,7 +73,8 @@ def cmd_top(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     models = _models(settings, args.model)
-    return run_top(connect(settings), Keys(settings.key_prefix), models, args.refresh)
+    price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
+    return run_top(connect(settings), Keys(settings.key_prefix), models, args.refresh, price)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -81,9 +82,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     from producer.client import Producer
     from workers.bulk import print_summary, submit_file
+    from workers.models.registry import token_counter
 
     settings = load_settings()
     (model,) = _models(settings, [args.model])
+    price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
     with Producer(settings) as producer:
         report = submit_file(
             producer,
@@ -92,8 +95,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             Path(args.output),
             Path(args.errors) if args.errors else None,
             window=args.window,
+            count_tokens=token_counter(settings.policy(model)) if price else None,
         )
-    print_summary(report, model, args.file)
+    print_summary(report, model, args.file, price)
     return 130 if report.interrupted else 0
 
 
@@ -143,6 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         group_by_cost=args.group_by_cost,
         gpus=gpus,
         baseline=args.baseline,
+        gpu_cost_per_hour=args.gpu_cost_per_hour or load_settings().gpu_cost_per_hour,
         out_dir=Path(args.out),
     )
     return run_bench(config)
@@ -187,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     top = commands.add_parser("top", help="a live view of the fleet (Ctrl-C to leave)")
     top.add_argument("--model", action="append", help="show only this model (repeatable)")
     top.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
+    top.add_argument("--gpu-cost-per-hour", type=float, help="price of one device-hour")
     top.set_defaults(handler=cmd_top)
 
     submit = commands.add_parser(
@@ -197,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("-o", "--output", required=True, help="answers, appended as they come")
     submit.add_argument("--errors", help="error lines (default: OUTPUT with .errors.jsonl)")
     submit.add_argument("--window", type=int, default=2048, help="lines in flight per wave")
+    submit.add_argument(
+        "--gpu-cost-per-hour", type=float, help="price of one device-hour: report the run's cost"
+    )
     submit.set_defaults(handler=cmd_submit)
 
     flower = commands.add_parser(
@@ -258,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--per-item-ms", type=float, default=0.5, help="synthetic cost per item")
     bench.add_argument(
         "--baseline", action="store_true", help="also run the same load one request per model call"
+    )
+    bench.add_argument(
+        "--gpu-cost-per-hour",
+        type=float,
+        help="price of one device-hour: report cost per 1,000 requests and of idle time",
     )
     bench.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNGs")
     bench.set_defaults(handler=cmd_bench)

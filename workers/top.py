@@ -2,7 +2,8 @@
 
 Per model: queue depth, requests in and out per second, mean batch size, p50/p99 latency of
 the latest answers, error rate. Per worker: its device, busy fraction, GPU utilisation and
-memory, and how long ago it finished a batch. Rates are the change, over the last
+memory, and how long ago it finished a batch. With a GPU price, what the workers cost per
+1,000 requests and per hour of idle time. Rates are the change, over the last
 ``RATE_WINDOW_S``, of the counters producers, batchers and workers keep in Redis.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import redis
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
@@ -142,22 +143,49 @@ def _mean_batch(model: str, before: Snapshot, now: Snapshot) -> str:
 def worker_table(before: Snapshot, now: Snapshot) -> Table:
     table = _table("workers", ("worker", "device", "busy", "GPU", "memory", "last batch"))
     for hostname, status in sorted(now.nodes.items()):
-        old = before.nodes.get(hostname, {})
-        # The worker's own clock: its status changes once a heartbeat, not once a refresh.
-        worked_s = float(status.get("busy_s", 0)) - float(old.get("busy_s", 0))
-        beats_s = float(status.get("at", 0)) - float(old.get("at", 0))
+        busy = _busy(before.nodes.get(hostname, {}), status)
         utilisation = status.get("gpu_utilisation")
         used, total = status.get("gpu_memory_used_bytes"), status.get("gpu_memory_total_bytes")
         last = status.get("last_batch_at")
         table.add_row(
             hostname,
             status.get("gpu_name", status.get("device", "?")),
-            f"{worked_s / beats_s:.0%}" if old and beats_s > 0 else "-",
+            f"{busy:.0%}" if busy is not None else "-",
             f"{float(utilisation):.0%}" if utilisation else "-",
             f"{int(used) / 2**30:.1f}/{int(total) / 2**30:.0f}G" if used and total else "-",
             f"{now.now - float(last):.1f}s ago" if last else "never",
         )
     return table
+
+
+def _busy(old: dict[str, str], status: dict[str, str]) -> float | None:
+    """A worker's busy fraction between two of its statuses, on its own clock (its status
+    changes once a heartbeat, not once a refresh); None before two are seen."""
+    worked_s = float(status.get("busy_s", 0)) - float(old.get("busy_s", 0))
+    beats_s = float(status.get("at", 0)) - float(old.get("at", 0))
+    return worked_s / beats_s if old and beats_s > 0 else None
+
+
+def cost_line(before: Snapshot, now: Snapshot, price_per_hour: float) -> str:
+    """What the live workers cost at ``price_per_hour`` each: per 1,000 requests at the rate
+    answered over the window, and per hour of their idle time."""
+    elapsed_s = now.now - before.now
+    answered = sum(
+        sum(_answered(now.stats[model])) - sum(_answered(before.stats.get(model, {})))
+        for model in now.stats
+    )
+    devices = len(now.nodes)
+    idle = sum(
+        1 - min(busy, 1.0)
+        for hostname, status in now.nodes.items()
+        if (busy := _busy(before.nodes.get(hostname, {}), status)) is not None
+    )
+    per_1k = (
+        f"{price_per_hour * devices * elapsed_s / 3600 / answered * 1000:.4g} per 1,000 requests"
+        if answered > 0 and elapsed_s > 0
+        else "no requests answered"
+    )
+    return f"at {price_per_hour:g}/GPU-hour: {per_1k}, idle GPUs {price_per_hour * idle:.4g}/hour"
 
 
 def _table(title: str, headers: Sequence[str]) -> Table:
@@ -180,9 +208,15 @@ def _table(title: str, headers: Sequence[str]) -> Table:
     return table
 
 
-def run_top(client: redis.Redis, keys: Keys, models: Sequence[str], refresh_s: float = 1.0) -> int:
+def run_top(
+    client: redis.Redis,
+    keys: Keys,
+    models: Sequence[str],
+    refresh_s: float = 1.0,
+    price_per_hour: float | None = None,
+) -> int:
     """Redraws the view every ``refresh_s`` until Ctrl-C; rates span the last
-    ``RATE_WINDOW_S``."""
+    ``RATE_WINDOW_S``; with ``price_per_hour`` (one GPU), a line of what it costs."""
     console = Console()
     history = deque([read_snapshot(client, keys, models)])
     try:
@@ -194,7 +228,13 @@ def run_top(client: redis.Redis, keys: Keys, models: Sequence[str], refresh_s: f
                     history.popleft()
                 before = history[0]
                 history.append(now)
-                live.update(Group(model_table(before, now), worker_table(before, now)))
+                parts: list[RenderableType] = [
+                    model_table(before, now),
+                    worker_table(before, now),
+                ]
+                if price_per_hour is not None:
+                    parts.append(cost_line(before, now, price_per_hour))
+                live.update(Group(*parts))
                 live.refresh()
     except KeyboardInterrupt:
         return 0

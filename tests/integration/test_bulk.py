@@ -58,7 +58,17 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
     lines += [json.dumps(record) for record in plain[150:] + openai]
     source, output = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    done = run_cli("submit", str(source), "--model", "synthetic", "-o", str(output), env=fleet.env)
+    done = run_cli(
+        "submit",
+        str(source),
+        "--model",
+        "synthetic",
+        "-o",
+        str(output),
+        "--gpu-cost-per-hour",
+        "2",
+        env=fleet.env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
     answers = {record["custom_id"]: record["output"] for record in read_jsonl(output)}
@@ -75,6 +85,7 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
     assert "400 answered, 3 errors (invalid_line 2, too_large 1), 0 skipped" in done.stdout
     report = next(line for line in done.stdout.splitlines() if line.startswith("synthetic"))
     assert row(report)["done"] == "400/400"
+    assert "at 2/GPU-hour: " in done.stdout and "per 1,000 requests" in done.stdout
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice(

@@ -60,7 +60,16 @@ def test_top_shows_the_live_fleet_on_a_narrow_terminal_and_leaves_on_ctrl_c(
         env = {**os.environ, **fleet.env, "TERM": "xterm-256color"}
         env.pop("COLUMNS", None)
         top = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "top", "--refresh", "0.5"],
+            [
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "top",
+                "--refresh",
+                "0.5",
+                "--gpu-cost-per-hour",
+                "2",
+            ],
             stdin=terminal,
             stdout=terminal,
             stderr=terminal,
@@ -85,3 +94,4 @@ def test_top_shows_the_live_fleet_on_a_narrow_terminal_and_leaves_on_ctrl_c(
     (worker,) = [line for line in frame.splitlines() if "w1@top" in line]
     assert "s ago" in worker, worker
     assert max(len(line) for line in shown.splitlines()) <= COLUMNS
+    assert "at 2/GPU-hour:" in frame and "per 1,000 requests" in frame

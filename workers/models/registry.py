@@ -67,11 +67,24 @@ def cost_function(policy: ModelPolicy) -> Callable[[Any], int]:
     """
     if not policy.uses_costs:
         return lambda _item: 1
-    cls = load_class(policy.backend)
-    if not callable(getattr(cls, "cost", None)):
+    cost = token_counter(policy)
+    if cost is None:
         raise ConfigError(
             f"{policy.backend} has no cost(item): max_batch_cost and group_by_cost need one"
         )
+    return cost
+
+
+def token_counter(policy: ModelPolicy) -> Callable[[Any], int] | None:
+    """The backend's ``cost(item)`` (e.g. an input's tokens), on an instance built from the
+    policy's options but never set up; None when the backend counts none.
+
+    Raises:
+        ConfigError: the backend has ``cost`` but cannot price a probe input.
+    """
+    cls = load_class(policy.backend)
+    if not callable(getattr(cls, "cost", None)):
+        return None
     try:
         model = cls(**policy.options)
         model.cost("a probe input")
