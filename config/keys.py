@@ -31,6 +31,8 @@ key                         type    writer                    reader            
 ``bf:m:{model}:version``    string  worker (model load)       producer           none
 ``bf:c:{model}:{version}:`` string  worker (answer written)   producer           cache_ttl_s
 ``{digest}``                output
+``bf:m:{model}:stream_lane`` stream producer (stream)       worker (streamers) entries XDEL'd
+``bf:chunks:{request_id}``  stream  worker (streaming)        producer           result_ttl_s
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
                                                                                  TTL; result TTL
                                                                                  once final
@@ -53,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CONSUMER_GROUP = "batchers"
+STREAM_GROUP = "streamers"
 DEVICE_CONSUMER_SUFFIX = ":device"
 
 
@@ -130,6 +133,14 @@ class Keys:
     def cache(self, model: str, version: str, digest: str) -> str:
         """The cached output of an input (by its digest) for one version of the model."""
         return f"{self.cache_prefix(model)}{version}:{digest}"
+
+    def stream_lane(self, model: str) -> str:
+        """Streaming requests of the model: a lane of their own, past the batcher."""
+        return f"{self.prefix}:m:{model}:stream_lane"
+
+    def chunks(self, request_id: str) -> str:
+        """A streaming request's chunks, in order, for its caller to read."""
+        return f"{self.prefix}:chunks:{request_id}"
 
     def model_time(self, model: str) -> str:
         """The model's measured time per batch-size bucket (power of two → seconds)."""

@@ -26,6 +26,7 @@ from config.errors import (
     UnknownModel,
     UnknownRequest,
     WireFormatError,
+    failure_for,
 )
 from config.keys import CONSUMER_GROUP, Keys
 from config.schema import (
@@ -120,6 +121,27 @@ redis.call('PEXPIRE', KEYS[3], ttl)
 return {'pending', ''}
 """
 
+# Admits one streaming request to its model's streaming lane (past the batcher): deduplicated
+# by its record, refused when the lane holds max_queue_len.
+# KEYS: record, lane, model's stats hash
+# ARGV: digest, request json, record ttl ms, max_queue_len, stream field
+STREAM_ADMIT_SCRIPT = """
+local record = redis.call('GET', KEYS[1])
+if record then
+  if string.sub(record, 1, #ARGV[1]) == ARGV[1] then return 'duplicate' end
+  redis.call('HINCRBY', KEYS[3], 'refused:id_conflict', 1)
+  return 'conflict'
+end
+if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[4]) then
+  redis.call('HINCRBY', KEYS[3], 'refused:queue_full', 1)
+  return 'full'
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('XADD', KEYS[2], '*', ARGV[5], ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'accepted', 1)
+return 'accepted'
+"""
+
 # Ends a request ``cancelled`` unless it has its final answer: a request no batcher has read
 # yet leaves the stream at once (it never runs); one a batcher or a waiting batch holds is
 # skipped when its batch starts (its answer exists); one on a device now runs on, and its
@@ -166,6 +188,8 @@ return 'cancelled'
 """
 
 SUBMIT_CHUNK = 256
+# A stream's caller waits this long past the request's deadline for its next chunk.
+STREAM_GRACE_S = 5.0
 T = TypeVar("T")
 
 
@@ -365,6 +389,25 @@ class ProducerCore:
             ],
             [self.inbox],
         )
+
+    def stream_call(self, item: Prepared) -> tuple[list[str], list[str | int]]:
+        """The keys and args of the streaming admission script for ``item``."""
+        keys = [item.record_key, self.keys.stream_lane(item.model), self.keys.stats(item.model)]
+        cap = self.settings.policy(item.model).max_queue_len
+        return keys, [item.digest, item.encoded, item.record_ttl_ms, cap, STREAM_FIELD]
+
+    @staticmethod
+    def read_chunk(request_id: str, raw: bytes | str) -> tuple[dict[str, Any], bool]:
+        """A streamed chunk, and whether it is the last.
+
+        Raises:
+            RequestFailed: (a subclass) the stream ended with an error.
+        """
+        chunk = json.loads(raw)
+        error = chunk.get("error") if chunk.get("final") else None
+        if error is not None:
+            raise failure_for(str(error.get("code")), request_id, str(error.get("message")))
+        return chunk, bool(chunk.get("final"))
 
     def cancel_call(self, request_id: str) -> tuple[list[str], list[str | int]]:
         """The keys and args of the cancel script for ``request_id``."""

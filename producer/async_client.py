@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from time import monotonic
 from types import TracebackType
@@ -19,6 +20,8 @@ from producer.admission import (
     ADMIT_SCRIPT,
     CANCEL_SCRIPT,
     INBOX_DRAIN,
+    STREAM_ADMIT_SCRIPT,
+    STREAM_GRACE_S,
     WATCH_SCRIPT,
     Prepared,
     ProducerCore,
@@ -119,6 +122,7 @@ class AsyncProducer:
         self._admit = self._client.register_script(ADMIT_SCRIPT)
         self._watch = self._client.register_script(WATCH_SCRIPT)
         self._cancel = self._client.register_script(CANCEL_SCRIPT)
+        self._stream_admit = self._client.register_script(STREAM_ADMIT_SCRIPT)
         self._listener = AsyncInboxListener(
             listen_client or connect_async(self._core.settings), self._core.inbox
         )
@@ -208,6 +212,43 @@ class AsyncProducer:
             if self._core.cancel_on_exit:
                 await asyncio.shield(self._cancel_quietly(sorted(waiting)))
             raise
+
+    async def stream(
+        self,
+        model: str,
+        input: Any,
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Streams one request's chunks as they come (``async for chunk in
+        producer.stream(...)``); see ``Producer.stream``. Leaving the loop early, or
+        cancelling the task, cancels the request."""
+        ids = None if request_id is None else [request_id]
+        (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
+        keys, args = self._core.stream_call(prepared)
+        with broker_errors():
+            admitted = await self._stream_admit(keys=keys, args=args)
+        self._core.check_admission(prepared, admitted)
+        request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
+        key, last, finished = self._core.keys.chunks(request_id), "0-0", False
+        try:
+            while not finished:
+                left_s = deadline_at - time.time() + STREAM_GRACE_S
+                if left_s <= 0:
+                    raise ResultTimeout(f"request {request_id}: the stream stalled")
+                with broker_errors():
+                    reply: Any = await self._client.xread(
+                        {key: last}, count=100, block=max(1, int(min(left_s, 1.0) * 1000))
+                    )
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last = entry_id
+                        chunk, finished = self._core.read_chunk(request_id, fields[b"chunk"])
+                        yield chunk
+        finally:
+            if not finished:
+                await asyncio.shield(self._cancel_quietly([request_id]))
 
     async def cancel(self, request_id: str) -> bool:
         """Cancels a request; see ``Producer.cancel``."""

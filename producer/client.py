@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from time import monotonic
@@ -19,6 +20,8 @@ from producer.admission import (
     ADMIT_SCRIPT,
     CANCEL_SCRIPT,
     INBOX_DRAIN,
+    STREAM_ADMIT_SCRIPT,
+    STREAM_GRACE_S,
     WATCH_SCRIPT,
     Prepared,
     ProducerCore,
@@ -123,6 +126,7 @@ class Producer:
         self._admit = self._client.register_script(ADMIT_SCRIPT)
         self._watch = self._client.register_script(WATCH_SCRIPT)
         self._cancel = self._client.register_script(CANCEL_SCRIPT)
+        self._stream_admit = self._client.register_script(STREAM_ADMIT_SCRIPT)
         self._listener = InboxListener(
             listen_client or connect(self._core.settings), self._core.inbox
         )
@@ -211,6 +215,54 @@ class Producer:
                 with contextlib.suppress(redis.RedisError):
                     self._client.hincrby(*counter, 1)
             raise
+
+    def stream(
+        self,
+        model: str,
+        input: Any,
+        *,
+        request_id: str | None = None,
+        deadline_s: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Sends one request down its model's streaming lane (past the batcher) and yields
+        its chunks as the model produces them: ``{"delta": text}`` …, then the last,
+        ``{"final": True, "text", "finish_reason", "usage"}``; the complete output is also the
+        request's result. Leaving the loop early cancels the request, which stops the model.
+
+        Raises:
+            RequestRejected: (a subclass) refused; nothing was enqueued.
+            RequestFailed: (a subclass) the stream ended with an error.
+            ResultTimeout: no chunk came before the request's deadline.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        ids = None if request_id is None else [request_id]
+        (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
+        keys, args = self._core.stream_call(prepared)
+        with broker_errors():
+            reply = self._stream_admit(keys=keys, args=args)
+        self._core.check_admission(prepared, reply)
+        return self._chunks(prepared.request_id, prepared.request.deadline_at)
+
+    def _chunks(self, request_id: str, deadline_at: float) -> Iterator[dict[str, Any]]:
+        key, last, finished = self._core.keys.chunks(request_id), "0-0", False
+        try:
+            while not finished:
+                left_s = deadline_at - time.time() + STREAM_GRACE_S
+                if left_s <= 0:
+                    raise ResultTimeout(f"request {request_id}: the stream stalled")
+                with broker_errors():
+                    reply: Any = self._client.xread(
+                        {key: last}, count=100, block=max(1, int(min(left_s, 1.0) * 1000))
+                    )
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last = entry_id
+                        chunk, finished = self._core.read_chunk(request_id, fields[b"chunk"])
+                        yield chunk
+        finally:
+            if not finished:
+                with contextlib.suppress(BatchfleetError):  # the caller went away: stop it
+                    self.cancel(request_id)
 
     def validate(self, model: str, input: Any) -> None:
         """Checks, without enqueuing, that ``input`` would be accepted for ``model``.

@@ -30,6 +30,7 @@ from workers.model_times import MeasuredModelTimes
 from workers.models.base import ItemError, Model
 from workers.models.registry import build_model
 from workers.results import Final, ResultWriter, error_final, gave_up_final
+from workers.stream_lane import StreamLane
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,18 @@ class WorkerRuntime:
     def start(self) -> None:
         """Readies the process that runs batches (in prefork, each child): starts its
         heartbeat (a device consumer of its own marked alive, its status, its GPU claim),
-        then loads every served model, raising ConfigError with one clear line on failure."""
+        then loads every served model, raising ConfigError with one clear line on failure,
+        and serves the streaming lane of each that can stream."""
         self.device_consumer = device_consumer(self.hostname, secrets.token_hex(4))
         threading.Thread(target=self._keep_alive, name="batchfleet-keep-alive", daemon=True).start()
         for name in self.model_names:
-            self.model(name)
+            model = self.model(name)
+            stream = getattr(model, "stream", None)
+            if callable(stream):
+                lane = StreamLane(
+                    self.settings, self.client, name, stream, self.consumer, model.version
+                )
+                lane.start()
 
     def _keep_alive(self) -> None:
         while True:

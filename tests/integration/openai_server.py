@@ -7,7 +7,10 @@ text steers it: ``fail-429:N:KEY`` and ``fail-500:N:KEY`` fail the first N calls
 (429s with ``Retry-After: 0.05``), ``slow:S …`` answers after S seconds, ``malformed`` answers
 invalid JSON, ``echo-key-400`` a 400 whose body echoes the Authorization header, ``short``
 makes an embeddings answer drop its last vector. ``storm`` answers the next N calls of any
-kind with 429. It counts calls, and the most it served at once.
+kind with 429. It counts calls, and the most it served at once. A chat or completions call
+with ``"stream": true`` is answered as server-sent events, a word each 20 ms (``count:N``
+streams N words), then the usage and ``[DONE]``; it counts the words it sent and the streams
+its client cut short.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class FakeUpstream(ThreadingHTTPServer):
         self.authorizations: list[str] = []
         self.in_flight = 0
         self.most_in_flight = 0
+        self.words_sent = 0
+        self.streams_cut = 0
         self.lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -99,6 +104,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, f"bad request from {self.headers['Authorization']}".encode())
         elif "malformed" in texts:
             self._send(200, b'{"data": [')
+        elif body.get("stream"):
+            self._stream(texts[0])
         elif self.path == "/v1/embeddings":
             vectors = [
                 {"index": i, "embedding": [float(len(text)), float(i)]}
@@ -115,6 +122,37 @@ class Handler(BaseHTTPRequestHandler):
                 choice["text"] = f"echo: {texts[0]}"
             usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
             self._json({"choices": [choice], "usage": usage, "model": body["model"]})
+
+    def _stream(self, text: str) -> None:
+        kind, _, count = text.partition(":")
+        words = [f"w{n}" for n in range(1, int(count) + 1)] if kind == "count" else [text]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chat = self.path == "/v1/chat/completions"
+        events = [
+            {
+                "choices": [
+                    {"index": 0, "delta": {"content": f"{word} "}}
+                    if chat
+                    else {"index": 0, "text": f"{word} "}
+                ]
+            }
+            for word in words
+        ]
+        events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        events.append({"choices": [], "usage": {"completion_tokens": len(words)}})
+        try:
+            for event in events:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+                with self.server.lock:
+                    self.server.words_sent += 1
+                time.sleep(0.02)
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            with self.server.lock:
+                self.server.streams_cut += 1
 
     def _json(self, answer: dict[str, Any]) -> None:
         self._send(200, json.dumps(answer).encode())

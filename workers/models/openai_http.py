@@ -7,18 +7,21 @@ connections (``max_concurrency``). 429s, 5xx answers, timeouts and connection er
 retried with exponential backoff and jitter, honouring ``Retry-After``; every call and retry of
 a batch shares one deadline, ``budget_s`` after the batch starts (keep it below the worker's
 soft time limit, or the watchdog ends the worker). An input that still fails gets its own
-``ItemError``; the rest of its batch succeeds. The API key is read from the environment
-variable named by ``api_key_env`` and sent only in the ``Authorization`` header: it is in no
-option, and is masked in any upstream text that ends up in an error.
+``ItemError``; the rest of its batch succeeds. ``stream(item)`` streams one chat or
+completions generation, for the streaming lane (``producer.stream``). The API key is read
+from the environment variable named by ``api_key_env`` and sent only in the
+``Authorization`` header: it is in no option, and is masked in any upstream text that ends up
+in an error.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -127,18 +130,23 @@ class OpenAIModel:
                 outputs[index] = ItemError("the upstream returned no embedding for this input")
         return outputs
 
-    def _complete(self, item: Any, deadline: float) -> Any:
-        """One call for one prompt (a string, or an object of request fields)."""
+    def _body(self, item: Any) -> dict[str, Any] | ItemError:
+        """The request body of one prompt (a string, or an object of request fields)."""
         if isinstance(item, str) and item:
             field = {"chat": "messages", "completions": "prompt"}[self.endpoint]
             value: Any = [{"role": "user", "content": item}] if field == "messages" else item
-            body = {"model": self.model, field: value}
-        elif isinstance(item, dict) and item:
-            body = {"model": self.model, **item}
-        else:
-            return ItemError(
-                "input must be a non-empty string or an object of request fields", "invalid_input"
-            )
+            return {"model": self.model, field: value}
+        if isinstance(item, dict) and item:
+            return {"model": self.model, **item}
+        return ItemError(
+            "input must be a non-empty string or an object of request fields", "invalid_input"
+        )
+
+    def _complete(self, item: Any, deadline: float) -> Any:
+        """One call for one prompt."""
+        body = self._body(item)
+        if isinstance(body, ItemError):
+            return body
         answer = self._post(body, deadline)
         if isinstance(answer, ItemError):
             return answer
@@ -152,6 +160,46 @@ class OpenAIModel:
             "finish_reason": choice.get("finish_reason"),
             "usage": answer.get("usage"),
         }
+
+    def stream(self, item: Any) -> Iterator[dict[str, Any]]:
+        """One generation (chat or completions) streamed: yields ``{"delta": text}`` as the
+        upstream produces it, then ``{"finish_reason", "usage"}``. Closing the iterator closes
+        the upstream call. A stream is not retried: text already sent cannot be taken back.
+
+        Raises:
+            ValueError: the input is no prompt, or this endpoint does not generate text.
+            RuntimeError: the upstream refused or broke the stream (its text masked).
+        """
+        if self.endpoint == "embeddings":
+            raise ValueError("embeddings do not stream")
+        body = self._body(item)
+        if isinstance(body, ItemError):
+            raise ValueError(body.message)
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        finish_reason, usage = None, None
+        with self.client.stream("POST", PATHS[self.endpoint], json=body) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise RuntimeError(
+                    f"HTTP {response.status_code}: {self._masked(response.text[:200])}"
+                )
+            for line in response.iter_lines():
+                data = line.removeprefix("data:").strip()
+                if not line.startswith("data:") or not data:
+                    continue
+                if data == "[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except ValueError as exc:
+                    raise RuntimeError(f"the upstream's stream is not JSON: {data[:80]!r}") from exc
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or []:
+                    delta = (choice.get("delta") or {}).get("content") or choice.get("text")
+                    if delta:
+                        yield {"delta": delta}
+                    finish_reason = choice.get("finish_reason") or finish_reason
+        yield {"finish_reason": finish_reason, "usage": usage}
 
     def _post(self, body: dict[str, Any], deadline: float) -> dict[str, Any] | ItemError:
         """POSTs ``body``, retrying what may pass until ``deadline``; the JSON object

@@ -1,0 +1,213 @@
+"""The streaming lane: requests that stream their output skip the micro-batcher.
+
+A producer appends a streaming request to ``bf:m:{model}:stream_lane``; every worker serving a
+model that can ``stream(item)`` reads that lane (consumer group ``streamers``) and runs each
+request on its own, up to ``STREAM_CONCURRENCY`` at once, beside its batches. Each chunk goes
+to ``bf:chunks:{request_id}`` in order, for the caller to read; the last carries the finish
+reason and usage, and the complete text is written as the request's result. A chunk written
+after the request got another answer (its caller cancelled it, or went away) stops the
+stream: the model's iterator is closed, which closes its upstream call. A request whose worker
+died mid-stream cannot be resumed: after the lease it is answered ``model_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis
+
+from config.errors import WireFormatError
+from config.keys import STREAM_GROUP, Keys
+from config.schema import Request, Result
+from config.settings import Settings
+from workers.entries import to_text
+from workers.results import Final, ResultWriter, error_final
+
+log = logging.getLogger(__name__)
+
+STREAM_CONCURRENCY = 16
+READ_BLOCK_S = 1.0
+CHUNKS_KEPT = 10_000
+
+
+class StreamLane:
+    """Serves one model's streaming requests in this worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        model: str,
+        stream: Callable[[Any], Iterator[dict[str, Any]]],
+        consumer: str,
+        version: str,
+    ) -> None:
+        self._settings = settings
+        self._policy = settings.policy(model)
+        self._client = client
+        self._keys = Keys(settings.key_prefix)
+        self._model = model
+        self._stream = stream
+        self._consumer = consumer
+        self._version = version
+        self._lane = self._keys.stream_lane(model)
+        self._writer = ResultWriter(client, self._keys, model)
+        self._pool = ThreadPoolExecutor(STREAM_CONCURRENCY, thread_name_prefix=f"stream-{model}")
+        self._running = threading.Semaphore(STREAM_CONCURRENCY)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"stream-lane-{self._model}", daemon=True).start()
+
+    def _run(self) -> None:
+        next_reclaim = 0.0
+        while True:
+            try:
+                self._ensure_group()
+                if time.monotonic() >= next_reclaim:
+                    self._give_up_orphans()
+                    next_reclaim = time.monotonic() + self._settings.batcher.reclaim_lease_s / 4
+                self._running.acquire()  # a free stream slot before taking a request
+                try:
+                    entry = self._read()
+                except BaseException:
+                    self._running.release()
+                    raise
+                if entry is None:
+                    self._running.release()
+                else:
+                    self._pool.submit(self._serve_then_release, *entry)
+            except redis.RedisError as exc:
+                log.warning("stream lane of %s: Redis unavailable (%s); retrying", self._model, exc)
+                time.sleep(1.0)
+
+    def _ensure_group(self) -> None:
+        try:
+            self._client.xgroup_create(self._lane, STREAM_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _read(self) -> tuple[str, str] | None:
+        """The next streaming request (entry id, raw request), waiting up to a second."""
+        reply: Any = self._client.xreadgroup(
+            STREAM_GROUP, self._consumer, {self._lane: ">"}, count=1, block=int(READ_BLOCK_S * 1000)
+        )
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                return to_text(entry_id), _raw_request(fields)
+        return None
+
+    def _serve_then_release(self, entry_id: str, raw: str) -> None:
+        try:
+            self._serve(entry_id, raw)
+        except Exception:
+            log.exception("stream lane of %s: request %s failed", self._model, entry_id)
+        finally:
+            self._running.release()
+
+    def _serve(self, entry_id: str, raw: str) -> None:
+        """Streams one request's chunks, then writes its result; stops early when the request
+        was answered otherwise."""
+        try:
+            request = Request.decode(raw)
+        except WireFormatError:
+            self._done(entry_id)
+            return
+        parts: list[str] = []
+        last: dict[str, Any] = {}
+        stream = self._stream(request.input)
+        try:
+            for chunk in stream:
+                if "delta" not in chunk:
+                    last = chunk
+                elif self._send(request, chunk, entry_id):
+                    return  # answered otherwise (cancelled): closing the stream ends the call
+                else:
+                    parts.append(str(chunk["delta"]))
+        except Exception as exc:
+            self._finish(entry_id, request, error=f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        self._finish(entry_id, request, output={"text": "".join(parts), **last})
+
+    def _send(self, request: Request, chunk: dict[str, Any], entry_id: str) -> bool:
+        """Appends a chunk for the caller and keeps the lane entry's lease, in one round trip;
+        True when the request already has its answer (stop streaming)."""
+        chunks_key = self._keys.chunks(request.request_id)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(self._keys.result(request.request_id))
+        pipe.xadd(chunks_key, {"chunk": json.dumps(chunk)}, maxlen=CHUNKS_KEPT, approximate=True)
+        pipe.pexpire(chunks_key, int(self._policy.result_ttl_s * 1000))
+        pipe.xclaim(self._lane, STREAM_GROUP, self._consumer, 0, [entry_id], justid=True)
+        return bool(pipe.execute()[0])
+
+    def _finish(
+        self,
+        entry_id: str,
+        request: Request,
+        output: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Writes the request's result (first answer wins), then its last chunk, then takes
+        it off the lane."""
+        ttl_s = self._policy.result_ttl_s
+        if error is not None:
+            final = error_final(request, "", "model_error", error, ttl_s)
+            last: dict[str, Any] = {
+                "final": True,
+                "error": {"code": "model_error", "message": error},
+            }
+        else:
+            result = Result(
+                request_id=request.request_id,
+                model=self._model,
+                model_version=self._version,
+                output=output,
+                batch_size=1,
+                flush_reason="stream",
+                submitted_at=request.submitted_at,
+                finished_at=time.time(),
+            )
+            final = Final("", result, request.digest, ttl_s)
+            last = {"final": True, **(output or {})}
+        (status,) = self._writer.finalize([final])
+        if status == "written":
+            self._send(request, last, entry_id)
+        self._done(entry_id)
+
+    def _done(self, entry_id: str) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xack(self._lane, STREAM_GROUP, entry_id)
+        pipe.xdel(self._lane, entry_id)
+        pipe.execute()
+
+    def _give_up_orphans(self) -> None:
+        """Answers ``model_error`` for streams whose worker stopped (idle past the lease): a
+        stream cannot resume where another process left it."""
+        lease_ms = int(self._settings.batcher.reclaim_lease_s * 1000)
+        reply: Any = self._client.xautoclaim(
+            self._lane, STREAM_GROUP, self._consumer, lease_ms, "0-0", count=100
+        )
+        for entry_id, fields in reply[1] if reply else []:
+            if not fields:
+                continue
+            try:
+                request = Request.decode(_raw_request(fields))
+            except WireFormatError:
+                self._done(to_text(entry_id))
+                continue
+            message = "the worker streaming it stopped; a stream cannot resume"
+            self._finish(to_text(entry_id), request, error=message)
+
+
+def _raw_request(fields: dict[Any, Any]) -> str:
+    return to_text(fields.get(b"request", fields.get("request", b"")))
