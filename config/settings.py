@@ -103,9 +103,10 @@ class WorkerSettings(BaseModel):
     visibility_timeout_s: float = Field(40.0, gt=0)
     heartbeat_s: float = Field(1.0, gt=0)
     # A batch of more than one input starts only with this much GPU memory free (NVML's view,
-    # read every heartbeat); below it, the batch runs in halves and the model's batch cap
-    # drops, as after an out-of-memory error.
-    gpu_min_free_mb: int = Field(256, ge=0)
+    # read every heartbeat); below it, the batch runs in halves. 0: no gate. NVML counts
+    # memory a framework keeps cached (PyTorch's allocator) as used: set it for GPUs shared
+    # with other processes, above the model's own peak.
+    gpu_min_free_mb: int = Field(0, ge=0)
 
     @property
     def heartbeat_ttl_s(self) -> float:

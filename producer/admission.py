@@ -91,7 +91,7 @@ for i = 4, #KEYS, 2 do
       status = 'full'
     else
       local entry = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
-      redis.call('SET', KEYS[i], ARGV[at] .. ':' .. entry .. ':' .. ARGV[4 + #KEYS], 'PX',
+      redis.call('SET', KEYS[i], ARGV[at] .. ':' .. entry .. ':' .. ARGV[#ARGV], 'PX',
         ARGV[at + 2])
       queued = queued + 1
       status = 'accepted'
@@ -121,11 +121,14 @@ redis.call('PEXPIRE', KEYS[3], ttl)
 return {'pending', ''}
 """
 
-# Admits one streaming request to its model's streaming lane (past the batcher): deduplicated
-# by its record, refused when the lane holds max_queue_len.
+# Admits one streaming request to its model's streaming lane (past the batcher): refused when
+# no worker serves that lane (the model cannot stream) or it holds max_queue_len;
+# deduplicated by its record.
 # KEYS: record, lane, model's stats hash
 # ARGV: digest, request json, record ttl ms, max_queue_len, stream field
 STREAM_ADMIT_SCRIPT = """
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[2])
+if not ok or #groups == 0 then return 'unstreamable' end
 local record = redis.call('GET', KEYS[1])
 if record then
   if string.sub(record, 1, #ARGV[1]) == ARGV[1] then return 'duplicate' end
@@ -188,8 +191,10 @@ return 'cancelled'
 """
 
 SUBMIT_CHUNK = 256
-# A stream's caller waits this long past the request's deadline for its next chunk.
+# A stream's caller waits for its first chunk until the request's deadline and this long
+# after; once chunks flow, it gives up when none comes for STREAM_STALL_S.
 STREAM_GRACE_S = 5.0
+STREAM_STALL_S = 30.0
 T = TypeVar("T")
 
 
@@ -353,6 +358,10 @@ class ProducerCore:
             return
         if status == "full":
             raise QueueFull(f"queue of model {request.model!r} is full; request not enqueued")
+        if status == "unstreamable":
+            raise InvalidInput(
+                f"model {request.model!r} does not stream: no worker serves its streaming lane"
+            )
         if status == "conflict":
             raise RequestIdConflict(
                 f"request id {request.request_id!r} was already used with another model or input"
@@ -408,6 +417,30 @@ class ProducerCore:
         if error is not None:
             raise failure_for(str(error.get("code")), request_id, str(error.get("message")))
         return chunk, bool(chunk.get("final"))
+
+    @staticmethod
+    def stream_ended(request_id: str, raw_result: bytes | str | None) -> dict[str, Any] | None:
+        """The last chunk of a stream whose answer was written without one reaching its
+        caller (cancelled elsewhere, or its worker stopped right after answering); None while
+        it has no answer.
+
+        Raises:
+            RequestFailed: (a subclass) the answer is an error.
+        """
+        if raw_result is None:
+            return None
+        result = Result.decode(raw_result)
+        if result.error is not None:
+            raise result.failure()
+        output = result.output if isinstance(result.output, dict) else {"text": result.output}
+        return {"final": True, **output}
+
+    @staticmethod
+    def stream_gives_up_at(deadline_at: float, last_chunk_at: float | None) -> float:
+        """When a stream's caller stops waiting (wall clock)."""
+        if last_chunk_at is None:
+            return deadline_at + STREAM_GRACE_S
+        return last_chunk_at + STREAM_STALL_S
 
     def cancel_call(self, request_id: str) -> tuple[list[str], list[str | int]]:
         """The keys and args of the cancel script for ``request_id``."""

@@ -21,7 +21,6 @@ from producer.admission import (
     CANCEL_SCRIPT,
     INBOX_DRAIN,
     STREAM_ADMIT_SCRIPT,
-    STREAM_GRACE_S,
     WATCH_SCRIPT,
     Prepared,
     ProducerCore,
@@ -232,18 +231,25 @@ class AsyncProducer:
         self._core.check_admission(prepared, admitted)
         request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
         key, last, finished = self._core.keys.chunks(request_id), "0-0", False
+        last_chunk_at: float | None = None
         try:
             while not finished:
-                left_s = deadline_at - time.time() + STREAM_GRACE_S
+                left_s = self._core.stream_gives_up_at(deadline_at, last_chunk_at) - time.time()
                 if left_s <= 0:
                     raise ResultTimeout(f"request {request_id}: the stream stalled")
                 with broker_errors():
                     reply: Any = await self._client.xread(
                         {key: last}, count=100, block=max(1, int(min(left_s, 1.0) * 1000))
                     )
+                    if not reply:  # answered without a last chunk for us?
+                        raw = await self._client.get(self._core.keys.result(request_id))
+                        ended = self._core.stream_ended(request_id, raw)
+                        if ended is not None:
+                            finished = True
+                            yield ended
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
-                        last = entry_id
+                        last, last_chunk_at = entry_id, time.time()
                         chunk, finished = self._core.read_chunk(request_id, fields[b"chunk"])
                         yield chunk
         finally:

@@ -21,7 +21,6 @@ from producer.admission import (
     CANCEL_SCRIPT,
     INBOX_DRAIN,
     STREAM_ADMIT_SCRIPT,
-    STREAM_GRACE_S,
     WATCH_SCRIPT,
     Prepared,
     ProducerCore,
@@ -232,7 +231,9 @@ class Producer:
         Raises:
             RequestRejected: (a subclass) refused; nothing was enqueued.
             RequestFailed: (a subclass) the stream ended with an error.
-            ResultTimeout: no chunk came before the request's deadline.
+            ResultTimeout: the first chunk did not come by the request's deadline (plus a
+                grace of 5 s), or a later one not within 30 s of the one before.
+            InvalidInput: no worker serves the model's streaming lane (it cannot stream).
             BrokerUnavailable: Redis cannot be reached.
         """
         ids = None if request_id is None else [request_id]
@@ -245,18 +246,25 @@ class Producer:
 
     def _chunks(self, request_id: str, deadline_at: float) -> Iterator[dict[str, Any]]:
         key, last, finished = self._core.keys.chunks(request_id), "0-0", False
+        last_chunk_at: float | None = None
         try:
             while not finished:
-                left_s = deadline_at - time.time() + STREAM_GRACE_S
+                left_s = self._core.stream_gives_up_at(deadline_at, last_chunk_at) - time.time()
                 if left_s <= 0:
                     raise ResultTimeout(f"request {request_id}: the stream stalled")
                 with broker_errors():
                     reply: Any = self._client.xread(
                         {key: last}, count=100, block=max(1, int(min(left_s, 1.0) * 1000))
                     )
+                    if not reply:  # answered without a last chunk for us?
+                        raw = self._client.get(self._core.keys.result(request_id))
+                        ended = self._core.stream_ended(request_id, raw)
+                        if ended is not None:
+                            finished = True
+                            yield ended
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
-                        last = entry_id
+                        last, last_chunk_at = entry_id, time.time()
                         chunk, finished = self._core.read_chunk(request_id, fields[b"chunk"])
                         yield chunk
         finally:

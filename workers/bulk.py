@@ -6,7 +6,9 @@ body's ``input``, else the body without its ``model``, is the request's input) o
 ``custom_id``, so a rerun never runs a request twice: lines already answered in the output or
 errors file are skipped, and requests still in the fleet from an interrupted run are waited
 for, not sent again. The file streams through in waves of ``window`` lines (two in flight);
-memory holds those waves and one 8-byte hash per line answered before a rerun.
+memory holds those waves and one 8-byte hash per line (to skip lines answered before a rerun,
+and to report a custom_id used twice). Each request may wait ``DEADLINE_S`` (24 h) in the
+queue: a bulk job is not interactive.
 
 Output lines: ``{"custom_id", "output"}``; error lines (in a file of their own):
 ``{"custom_id", "line", "error": {"code", "message"}}``, ``custom_id`` null for a line that
@@ -39,6 +41,7 @@ from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
 from workers.pricing import run_cost
 
 WINDOW = 2048
+DEADLINE_S = 24 * 3600.0
 QUEUE_FULL_BACKOFF_S = (0.05, 2.0)
 
 
@@ -148,6 +151,7 @@ class BulkJob:
         report: BulkReport,
         window: int = WINDOW,
         count_tokens: Callable[[Any], int] | None = None,
+        deadline_s: float = DEADLINE_S,
     ) -> None:
         self._producer = producer
         self._model = model
@@ -156,6 +160,7 @@ class BulkJob:
         self._report = report
         self._window = window
         self._count_tokens = count_tokens
+        self._deadline_s = deadline_s
 
     def run(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
         """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
@@ -197,7 +202,10 @@ class BulkJob:
             now = time.monotonic()
             try:
                 accepted = self._producer.submit_many(
-                    self._model, [pending[rid].input for rid in ids], request_ids=ids
+                    self._model,
+                    [pending[rid].input for rid in ids],
+                    request_ids=ids,
+                    deadline_s=self._deadline_s,
                 )
             except QueueFull as full:
                 accepted = full.accepted_ids
@@ -215,7 +223,9 @@ class BulkJob:
         accepted = []
         for request_id, line in list(pending.items()):
             try:
-                self._producer.submit(self._model, line.input, request_id=request_id)
+                self._producer.submit(
+                    self._model, line.input, request_id=request_id, deadline_s=self._deadline_s
+                )
             except RequestIdConflict as conflict:
                 del pending[request_id]
                 self._write_error(line.custom_id, line.number, conflict.reason, str(conflict))
@@ -265,25 +275,41 @@ def submit_file(
     window: int = WINDOW,
     console: Console | None = None,
     count_tokens: Callable[[Any], int] | None = None,
+    deadline_s: float = DEADLINE_S,
 ) -> BulkReport:
     """Runs every request of the JSONL file ``path`` through the fleet: answers appended to
     ``output``, errors to ``errors`` (default: ``output`` with ``.errors.jsonl``); a rerun
-    resumes. Ctrl-C stops it cleanly (``interrupted`` in the report). With ``count_tokens``
-    (the model's ``cost``), the report counts the tokens of the inputs answered."""
+    resumes. Ctrl-C stops it cleanly (``interrupted`` in the report). Each request may wait
+    ``deadline_s`` (24 h, as a batch API's window) in the queue, whatever the model's
+    interactive timeout. With ``count_tokens`` (the model's ``cost``), the report counts the
+    tokens of the inputs answered."""
     errors = errors or output.with_suffix(".errors.jsonl")
     done = answered_ids(output, errors)
     report = BulkReport(total_lines=count_lines(path))
+
+    seen: set[int] = set()
 
     def remaining() -> Iterator[Line | BadLine]:
         with path.open(encoding="utf-8") as source:
             for number, text in enumerate(source, start=1):
                 parsed = parse_line(number, text)
-                if parsed is None:
+                if parsed is None or parsed.custom_id is None:
+                    if parsed is not None:
+                        yield parsed
                     continue
-                if parsed.custom_id is not None and _key(parsed.custom_id) in done:
+                key = _key(parsed.custom_id)
+                if key in done:
                     report.skipped += 1
-                    continue
-                yield parsed
+                elif key in seen:
+                    yield BadLine(
+                        number,
+                        None,
+                        "duplicate_custom_id",
+                        f"line {number}: custom_id {parsed.custom_id!r} is on an earlier line",
+                    )
+                else:
+                    seen.add(key)
+                    yield parsed
 
     progress = Progress(
         TextColumn("{task.description}"),
@@ -309,7 +335,7 @@ def submit_file(
             progress.update(task, completed=finished, rate=rate)
 
         try:
-            job = BulkJob(producer, model, out, err, report, window, count_tokens)
+            job = BulkJob(producer, model, out, err, report, window, count_tokens, deadline_s)
             job.run(remaining(), on_answer)
         except KeyboardInterrupt:
             report.interrupted = True

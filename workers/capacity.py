@@ -7,7 +7,7 @@ skewed clocks still agree on who is alive.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -29,6 +29,15 @@ local t = redis.call('TIME')
 local now = t[1] + t[2] / 1e6
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+"""
+
+# KEYS: GPU claim; ARGV: owner, ttl ms. Renews the claim if this owner holds it or nobody
+# does; 0 when another owner took it.
+RENEW_CLAIM_SCRIPT = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
 
 # Prunes workers whose heartbeat expired, batches whose worker is gone, batches older than
@@ -153,39 +162,57 @@ class FleetState:
         self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
 
 
-def node_heartbeat(
-    client: redis.Redis,
-    keys: Keys,
-    hostname: str,
-    device_consumer: str,
-    status: Mapping[Any, str],
-    models: Sequence[str],
-    ttl_s: float,
-    gpu_claim: str | None = None,
-    model_times: Mapping[str, Mapping[Any, str]] | None = None,
-) -> dict[str, int]:
+@dataclass(frozen=True)
+class GpuClaim:
+    """A ``--gpu auto`` worker's claim on its GPU: the key, and the owner string it holds."""
+
+    key: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """What a worker process tells Redis every heartbeat."""
+
+    hostname: str
+    device_consumer: str
+    status: Mapping[Any, str]
+    models: Sequence[str]
+    ttl_s: float
+    gpu_claim: GpuClaim | None = None
+    model_times: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
+
+
+def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dict[str, int], bool]:
     """A worker process's heartbeat, in one round trip: marks its device consumer alive (a
     batch delivered again leaves what a live device holds to it, and counts a death for what
-    a gone one held), replaces its status hash and renews its GPU claim (``--gpu auto``), all
-    kept for ``ttl_s``, and publishes its measured model times; returns its models' queue
-    depths."""
+    a gone one held), replaces its status hash and renews its GPU claim, all kept for
+    ``ttl_s``, and publishes its measured model times. Returns its models' queue depths, and
+    False when another worker holds its GPU claim (Redis lost it while frozen or
+    restarted)."""
     pipe = client.pipeline(transaction=False)
     client.register_script(DEVICE_HEARTBEAT_SCRIPT)(
-        keys=[keys.devices()], args=[device_consumer, ttl_s], client=pipe
+        keys=[keys.devices()], args=[beat.device_consumer, beat.ttl_s], client=pipe
     )
-    pipe.delete(keys.node(hostname))
-    if status:
-        pipe.hset(keys.node(hostname), mapping=status)
-        pipe.pexpire(keys.node(hostname), int(ttl_s * 1000))
-    if gpu_claim is not None:
-        pipe.set(gpu_claim, hostname, px=int(ttl_s * 1000))
-    for model, times in (model_times or {}).items():
+    node = keys.node(beat.hostname)
+    pipe.delete(node)
+    if beat.status:
+        pipe.hset(node, mapping=beat.status)
+        pipe.pexpire(node, int(beat.ttl_s * 1000))
+    for model, times in beat.model_times.items():
         pipe.hset(keys.model_time(model), mapping=times)
-    for model in models:
+    for model in beat.models:
         pipe.xlen(keys.requests(model))
+    if beat.gpu_claim is not None:
+        client.register_script(RENEW_CLAIM_SCRIPT)(
+            keys=[beat.gpu_claim.key],
+            args=[beat.gpu_claim.owner, int(beat.ttl_s * 1000)],
+            client=pipe,
+        )
     replies = pipe.execute()
-    depths = replies[len(replies) - len(models) :]
-    return {model: int(depth) for model, depth in zip(models, depths, strict=True)}
+    held = bool(replies.pop()) if beat.gpu_claim is not None else True
+    depths = replies[len(replies) - len(beat.models) :]
+    return {model: int(depth) for model, depth in zip(beat.models, depths, strict=True)}, held
 
 
 def claim_gpu(

@@ -96,6 +96,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             Path(args.errors) if args.errors else None,
             window=args.window,
             count_tokens=token_counter(settings.policy(model)) if price else None,
+            deadline_s=args.deadline,
         )
     print_summary(report, model, args.file, price)
     return 130 if report.interrupted else 0
@@ -203,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("-o", "--output", required=True, help="answers, appended as they come")
     submit.add_argument("--errors", help="error lines (default: OUTPUT with .errors.jsonl)")
     submit.add_argument("--window", type=int, default=2048, help="lines in flight per wave")
+    submit.add_argument(
+        "--deadline", type=float, default=24 * 3600.0, help="seconds a request may wait (24 h)"
+    )
     submit.add_argument(
         "--gpu-cost-per-hour", type=float, help="price of one device-hour: report the run's cost"
     )

@@ -4,10 +4,13 @@ A producer appends a streaming request to ``bf:m:{model}:stream_lane``; every wo
 model that can ``stream(item)`` reads that lane (consumer group ``streamers``) and runs each
 request on its own, up to ``STREAM_CONCURRENCY`` at once, beside its batches. Each chunk goes
 to ``bf:chunks:{request_id}`` in order, for the caller to read; the last carries the finish
-reason and usage, and the complete text is written as the request's result. A chunk written
-after the request got another answer (its caller cancelled it, or went away) stops the
-stream: the model's iterator is closed, which closes its upstream call. A request whose worker
-died mid-stream cannot be resumed: after the lease it is answered ``model_error``.
+reason and usage, and the complete text is written as the request's result. A request
+answered before it starts (cancelled) is dropped, one past its deadline answered
+``expired``; a chunk written after the request got another answer (its caller cancelled it,
+or went away) stops the stream: the model's iterator is closed, which closes its upstream
+call. Each process reads the lane as its own device consumer, marked alive every heartbeat:
+a stream whose process died cannot be resumed, and after the lease it is answered
+``model_error``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import redis
 
 from config.errors import WireFormatError
 from config.keys import STREAM_GROUP, Keys
-from config.schema import Request, Result
+from config.schema import ErrorCode, Request, Result
 from config.settings import Settings
 from workers.entries import to_text
 from workers.results import Final, ResultWriter, error_final
@@ -62,6 +65,8 @@ class StreamLane:
         self._running = threading.Semaphore(STREAM_CONCURRENCY)
 
     def start(self) -> None:
+        """Opens the lane (producers may stream to the model from now on) and serves it."""
+        self._ensure_group()
         threading.Thread(target=self._run, name=f"stream-lane-{self._model}", daemon=True).start()
 
     def _run(self) -> None:
@@ -119,6 +124,12 @@ class StreamLane:
         except WireFormatError:
             self._done(entry_id)
             return
+        if self._client.exists(self._keys.result(request.request_id)):
+            self._done(entry_id)  # cancelled, or its caller went away, while it queued
+            return
+        if request.deadline_at <= time.time():
+            self._finish(entry_id, request, error="deadline passed before it ran", code="expired")
+            return
         parts: list[str] = []
         last: dict[str, Any] = {}
         stream = self._stream(request.input)
@@ -156,16 +167,14 @@ class StreamLane:
         request: Request,
         output: dict[str, Any] | None = None,
         error: str | None = None,
+        code: ErrorCode = "model_error",
     ) -> None:
         """Writes the request's result (first answer wins), then its last chunk, then takes
         it off the lane."""
         ttl_s = self._policy.result_ttl_s
         if error is not None:
-            final = error_final(request, "", "model_error", error, ttl_s)
-            last: dict[str, Any] = {
-                "final": True,
-                "error": {"code": "model_error", "message": error},
-            }
+            final = error_final(request, "", code, error, ttl_s)
+            last: dict[str, Any] = {"final": True, "error": {"code": code, "message": error}}
         else:
             result = Result(
                 request_id=request.request_id,
@@ -191,15 +200,30 @@ class StreamLane:
         pipe.execute()
 
     def _give_up_orphans(self) -> None:
-        """Answers ``model_error`` for streams whose worker stopped (idle past the lease): a
-        stream cannot resume where another process left it."""
+        """Answers ``model_error`` for streams whose worker process is gone (idle past the
+        lease, held by a device consumer no longer marked alive): a stream cannot resume
+        where another process left it. A live process's long stream is left alone."""
         lease_ms = int(self._settings.batcher.reclaim_lease_s * 1000)
-        reply: Any = self._client.xautoclaim(
-            self._lane, STREAM_GROUP, self._consumer, lease_ms, "0-0", count=100
+        idle: Any = self._client.xpending_range(
+            self._lane, STREAM_GROUP, "-", "+", 100, idle=lease_ms
         )
-        for entry_id, fields in reply[1] if reply else []:
-            if not fields:
-                continue
+        if not idle:
+            return
+        seconds, micros = self._client.time()
+        now = seconds + micros / 1e6
+        pipe = self._client.pipeline(transaction=False)
+        for row in idle:
+            pipe.zscore(self._keys.devices(), row["consumer"])
+        alive_until = pipe.execute()
+        gone = [
+            row["message_id"]
+            for row, until in zip(idle, alive_until, strict=True)
+            if until is None or float(until) <= now
+        ]
+        if not gone:
+            return
+        claimed: Any = self._client.xclaim(self._lane, STREAM_GROUP, self._consumer, lease_ms, gone)
+        for entry_id, fields in claimed:
             try:
                 request = Request.decode(_raw_request(fields))
             except WireFormatError:

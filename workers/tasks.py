@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -21,7 +22,14 @@ from config.settings import Settings
 from producer.client import connect
 from workers.alerts import WorkerAlerts
 from workers.batch_cap import BatchCap, is_out_of_memory
-from workers.capacity import FleetState, node_heartbeat, slots_of, worker_member
+from workers.capacity import (
+    FleetState,
+    GpuClaim,
+    NodeBeat,
+    node_heartbeat,
+    slots_of,
+    worker_member,
+)
 from workers.celery_app import RUN_BATCH_TASK
 from workers.entries import StreamEntry, read_entries
 from workers.gpu import GpuTelemetry
@@ -33,6 +41,8 @@ from workers.results import Final, ResultWriter, error_final, gave_up_final
 from workers.stream_lane import StreamLane
 
 log = logging.getLogger(__name__)
+
+EXIT_GPU_LOST = 71
 
 
 class WorkerRuntime:
@@ -46,7 +56,7 @@ class WorkerRuntime:
         models: Sequence[str],
         client: redis.Redis | None = None,
         gpu: int | None = None,
-        gpu_claim: str | None = None,
+        gpu_claim: GpuClaim | None = None,
     ) -> None:
         self.settings = settings
         self.hostname = hostname
@@ -88,7 +98,7 @@ class WorkerRuntime:
             stream = getattr(model, "stream", None)
             if callable(stream):
                 lane = StreamLane(
-                    self.settings, self.client, name, stream, self.consumer, model.version
+                    self.settings, self.client, name, stream, self.device_consumer, model.version
                 )
                 lane.start()
 
@@ -109,21 +119,26 @@ class WorkerRuntime:
             **(reading.fields() if reading is not None else {}),
             **self.work.fields(),
         }
+        beat = NodeBeat(
+            hostname=self.hostname,
+            device_consumer=self.device_consumer,
+            status=status,
+            models=self.model_names,
+            ttl_s=self.settings.worker.heartbeat_ttl_s,
+            gpu_claim=self.gpu_claim,
+            model_times=self.model_times.fields(),
+        )
         try:
-            depths = node_heartbeat(
-                self.client,
-                self.keys,
-                self.hostname,
-                self.device_consumer,
-                status,
-                self.model_names,
-                self.settings.worker.heartbeat_ttl_s,
-                self.gpu_claim,
-                self.model_times.fields(),
-            )
+            depths, claim_held = node_heartbeat(self.client, self.keys, beat)
         except redis.RedisError as exc:
             log.warning("device heartbeat failed: %s", exc)
             return
+        if not claim_held:
+            log.critical(
+                "another worker took this worker's GPU (its claim lapsed while Redis was "
+                "away): exiting, for a supervisor to start it again on a free GPU"
+            )
+            os._exit(EXIT_GPU_LOST)
         self.alerts.check(time.time(), reading, depths, self.work.last_batch_at)
 
     def memory_low(self) -> bool:
@@ -207,10 +222,11 @@ class WorkerRuntime:
         if redelivered or flush_reason == "isolated":
             # Suspects and redelivered batches run one request per model call, so that an
             # input that kills the process is the only one on the device when it does. Each
-            # answer is written before the device takes anything else: a finished suspect
-            # still on the device when another batch kills the process would count a death.
-            with self._device_lock:
-                for item in runnable:
+            # answer is written before the device takes anything else (a finished suspect
+            # still on the device when another batch kills the process would count a death);
+            # between two of them the other slots' batches may take the device.
+            for item in runnable:
+                with self._device_lock:
                     single = self._run_on_device(model_name, stream, [item], 0, writer, finals)[1]
                     writer.finalize(
                         self._answers(
@@ -379,8 +395,9 @@ class WorkerRuntime:
         """``model.predict`` for one batch and its bisection, with the watchdog told how long
         each call has been running, and the model's batch cap told of successes and of the
         first out-of-memory error (the bisection's later ones are its own halves). A batch
-        that would start with too little GPU memory free is halved before it runs, as if it
-        had run out."""
+        that would start with too little GPU memory free runs in halves; the shared cap is
+        left alone (another process's memory, or a framework's cache, says nothing about
+        what the model needs)."""
         lowered = checked = False
 
         def predict(inputs: list[Any]) -> Sequence[Any]:
@@ -388,8 +405,6 @@ class WorkerRuntime:
             if not checked:
                 checked = True
                 if len(inputs) > 1 and self.memory_low():
-                    lowered = True
-                    cap.out_of_memory(len(inputs))
                     raise GpuMemoryLow(
                         f"under {self.settings.worker.gpu_min_free_mb} MiB of GPU memory free"
                     )

@@ -20,7 +20,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutting_do
 from config.keys import Keys
 from config.settings import Settings
 from producer.client import connect
-from workers.capacity import FleetState, claim_gpu, slots_of
+from workers.capacity import FleetState, GpuClaim, claim_gpu, slots_of
 from workers.celery_app import make_celery_app
 from workers.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
 from workers.metrics import serve_metrics
@@ -125,9 +125,9 @@ def run_worker(
     if gpu == "auto":
         keys = Keys(settings.key_prefix)
         uuids = gpu_uuids()
-        owner = name or socket.gethostname()
+        owner = f"{name or socket.gethostname()}:{os.getpid()}"
         gpu = claim_gpu(connect(settings), keys, uuids, owner, settings.worker.heartbeat_ttl_s)
-        claim = keys.gpu_claim(uuids[gpu])
+        claim = GpuClaim(keys.gpu_claim(uuids[gpu]), owner)
         log.info("--gpu auto: claimed GPU %d (%s)", gpu, uuids[gpu])
     device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
     # The next batch's thread must take the device the moment it frees, not when the

@@ -55,6 +55,7 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
     lines = [json.dumps(record) for record in plain[:150]]
     lines += ["{not json", "", json.dumps({"input": "no id"})]
     lines += [json.dumps({"custom_id": "big", "input": "x" * 1000})]
+    lines += [json.dumps({"custom_id": "p3", "input": "a second p3"})]
     lines += [json.dumps(record) for record in plain[150:] + openai]
     source, output = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     source.write_text("\n".join(lines) + "\n")
@@ -81,8 +82,10 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
         (151, None, "invalid_line"),
         (153, None, "invalid_line"),
         (154, "big", "too_large"),
+        (155, None, "duplicate_custom_id"),
     ]
-    assert "400 answered, 3 errors (invalid_line 2, too_large 1), 0 skipped" in done.stdout
+    summary = "400 answered, 4 errors (duplicate_custom_id 1, invalid_line 2, too_large 1), 0"
+    assert summary in done.stdout
     report = next(line for line in done.stdout.splitlines() if line.startswith("synthetic"))
     assert row(report)["done"] == "400/400"
     assert "at 2/GPU-hour: " in done.stdout and "per 1,000 requests" in done.stdout

@@ -51,10 +51,14 @@ def test_a_queued_request_cancelled_never_runs_and_its_neighbours_do(
     executions = tmp_path / "executions"
     fleet = ledger_fleet(make_fleet, executions)
     settings = settings_for(fleet.env)
+    keys = Keys(settings.key_prefix)
+    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
     with Producer(settings) as producer:
         first, second, third = producer.submit_many("synthetic", [{"n": n} for n in (1, 2, 3)])
         assert producer.cancel(second) is True
         assert cancelled(producer, second)
+        assert client.xlen(keys.requests("synthetic")) == 2, "the cancelled entry left the queue"
+        assert client.hget(keys.stats("synthetic"), "failed:cancelled") == b"1"
         fleet.start("worker", "--cpu")
         answers = {r.request_id: r for r in producer.results([first, third], timeout_s=60)}
         assert answers[first].output == {"echo": {"n": 1}}
@@ -63,6 +67,7 @@ def test_a_queued_request_cancelled_never_runs_and_its_neighbours_do(
             producer.cancel("never-submitted")
     assert sorted(executed(executions)) == [1, 3]
     assert cancelled(Producer(settings), second)
+    client.close()
 
 
 def test_a_running_request_cancelled_answers_its_caller_at_once_and_its_output_is_dropped(

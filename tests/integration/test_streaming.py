@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from config.errors import RequestCancelled
+from config.errors import InvalidInput, RequestCancelled
 from producer.async_client import AsyncProducer
 from workers.local_fleet import LocalFleet
 
-from .conftest import producer_for, settings_for
+from .conftest import producer_for, settings_for, wait_ready
 from .openai_server import FakeUpstream
 
 
@@ -28,6 +28,8 @@ def chat_fleet(make_fleet: Callable[..., LocalFleet]) -> Iterator[tuple[LocalFle
         )
         fleet.start("batcher")
         fleet.start("worker", "--cpu")
+        with producer_for(fleet) as producer:
+            wait_ready(producer, fleet, "chat", warmup="warm up")
         yield fleet, upstream
 
 
@@ -79,3 +81,29 @@ def test_the_async_producer_streams_the_same(chat_fleet: tuple[LocalFleet, FakeU
     chunks = asyncio.run(collect())
     assert "".join(str(chunk.get("delta", "")) for chunk in chunks) == "w1 w2 w3 "
     assert chunks[-1]["final"]
+
+
+def test_a_stream_cancelled_elsewhere_ends_its_callers_loop_with_request_cancelled(
+    chat_fleet: tuple[LocalFleet, FakeUpstream],
+) -> None:
+    fleet, upstream = chat_fleet
+    with producer_for(fleet) as producer, producer_for(fleet) as other:
+        chunks = producer.stream("chat", "count:500", request_id="s3")
+        assert next(chunks)["delta"] == "w1 "
+        assert other.cancel("s3") is True
+        asked = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            for _chunk in chunks:
+                pass
+        assert time.monotonic() - asked < 5
+    assert upstream.words_sent < 200
+
+
+def test_a_model_that_cannot_stream_is_refused(make_fleet: Callable[..., LocalFleet]) -> None:
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        with pytest.raises(InvalidInput, match="does not stream"):
+            producer.stream("synthetic", "x")

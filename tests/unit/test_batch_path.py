@@ -19,7 +19,7 @@ from config.settings import ModelPolicy, Settings
 from producer.admission import ProducerCore
 from producer.client import Producer
 from workers.batcher import ModelBatcher
-from workers.capacity import FleetState, node_heartbeat, worker_member
+from workers.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.tasks import WorkerRuntime
@@ -253,8 +253,14 @@ class BackendFleet:
 
 
 @contextlib.contextmanager
-def fleet_of_backend(client: fakeredis.FakeRedis, backend: str) -> Iterator[BackendFleet]:
-    settings = Settings(models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)})
+def fleet_of_backend(
+    client: fakeredis.FakeRedis, backend: str, **settings: Any
+) -> Iterator[BackendFleet]:
+    """A batcher, a worker runtime and a producer on ``client`` serving ``backend`` as
+    ``synthetic`` (batches of 4), with any other ``settings``."""
+    settings = Settings(
+        models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)}, **settings
+    )
     listen = fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
     celery = RecordingCelery()
     batcher = new_batcher(settings, client, celery)
@@ -469,7 +475,7 @@ def test_a_redelivered_batch_leaves_what_a_live_device_is_running_to_it(
     (its batcher sent it again, or another slot runs it): that request is left to that run,
     with no attempt counted and no second execution; the rest run."""
     live = device_consumer("other", "alive")
-    node_heartbeat(fake_redis, KEYS, "other", live, {}, [], ttl_s=30)
+    node_heartbeat(fake_redis, KEYS, NodeBeat("other", live, {}, [], ttl_s=30))
     ids, args = one_batch_first_on(
         live, ["running elsewhere", "waiting"], producer, batcher, celery, fake_redis
     )

@@ -14,9 +14,9 @@ import pytest
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.capacity import claim_gpu
+from workers.capacity import GpuClaim, claim_gpu
 from workers.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
-from workers.tasks import WorkerRuntime
+from workers.tasks import EXIT_GPU_LOST, WorkerRuntime
 
 KEYS = Keys("bf")
 
@@ -170,14 +170,23 @@ def test_replicas_started_with_gpu_auto_take_one_gpu_each(
     assert fake_redis.get(KEYS.gpu_claim("GPU-0aaa")) == b"replica-3"
 
 
-def test_a_worker_beat_renews_its_gpu_claim(
-    nvml: FakeNvml, fake_redis: fakeredis.FakeRedis
+def test_a_worker_beat_renews_its_gpu_claim_and_exits_if_another_took_it(
+    nvml: FakeNvml, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim = KEYS.gpu_claim("GPU-0aaa")
-    fake_redis.set(claim, "gpu0@h", px=10)
+    """The claim is renewed while this worker holds it; if Redis lost it (frozen past its
+    TTL) and another replica claimed the GPU, the worker exits for a supervisor to restart it
+    on a free GPU, rather than share one."""
+    claim = GpuClaim(KEYS.gpu_claim("GPU-0aaa"), "host:1")
+    fake_redis.set(claim.key, claim.owner, px=10)
     runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, 0, claim)
     runtime.beat()
-    assert fake_redis.pttl(claim) > 2000
+    assert fake_redis.pttl(claim.key) > 2000
+    exits: list[int] = []
+    monkeypatch.setattr("workers.tasks.os._exit", exits.append)
+    fake_redis.set(claim.key, "host:2")
+    runtime.beat()
+    assert exits == [EXIT_GPU_LOST]
+    assert fake_redis.get(claim.key) == b"host:2"
 
 
 def test_gpu_auto_without_a_gpu_is_a_clear_error(fake_redis: fakeredis.FakeRedis) -> None:
