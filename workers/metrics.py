@@ -168,7 +168,7 @@ class GpuCollector(Collector):
 class WorkerMetrics:
     """What one worker process measures of the batches it runs."""
 
-    def __init__(self, telemetry: GpuTelemetry, worker: str) -> None:
+    def __init__(self, telemetry: GpuTelemetry, worker: str, models: Sequence[str] = ()) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(GpuCollector(telemetry, worker))
         self._batch_size = self._histogram(
@@ -191,6 +191,9 @@ class WorkerMetrics:
             ["model"],
             registry=self.registry,
         )
+        for model in models:  # series from the start: a worker that never ran one is seen
+            for family in (self._batch_size, self._busy_s):
+                family.labels(model)
 
     def _histogram(
         self, name: str, documentation: str, buckets: Sequence[float] = LATENCY_BUCKETS_S

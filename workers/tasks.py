@@ -64,7 +64,7 @@ class WorkerRuntime:
         self.model_names = list(models)
         self.gpu = GpuTelemetry(gpu)
         self.gpu_claim = gpu_claim
-        self.metrics = WorkerMetrics(self.gpu, hostname)
+        self.metrics = WorkerMetrics(self.gpu, hostname, models)
         self.work = WorkDone()
         self.model_times = MeasuredModelTimes()
         self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
