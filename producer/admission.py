@@ -23,6 +23,7 @@ from config.errors import (
     QueueFull,
     RequestIdConflict,
     RequestRejected,
+    ResultTimeout,
     UnknownModel,
     UnknownRequest,
     WireFormatError,
@@ -405,43 +406,6 @@ class ProducerCore:
         cap = self.settings.policy(item.model).max_queue_len
         return keys, [item.digest, item.encoded, item.record_ttl_ms, cap, STREAM_FIELD]
 
-    @staticmethod
-    def read_chunk(request_id: str, raw: bytes | str) -> tuple[dict[str, Any], bool]:
-        """A streamed chunk, and whether it is the last.
-
-        Raises:
-            RequestFailed: (a subclass) the stream ended with an error.
-        """
-        chunk = json.loads(raw)
-        error = chunk.get("error") if chunk.get("final") else None
-        if error is not None:
-            raise failure_for(str(error.get("code")), request_id, str(error.get("message")))
-        return chunk, bool(chunk.get("final"))
-
-    @staticmethod
-    def stream_ended(request_id: str, raw_result: bytes | str | None) -> dict[str, Any] | None:
-        """The last chunk of a stream whose answer was written without one reaching its
-        caller (cancelled elsewhere, or its worker stopped right after answering); None while
-        it has no answer.
-
-        Raises:
-            RequestFailed: (a subclass) the answer is an error.
-        """
-        if raw_result is None:
-            return None
-        result = Result.decode(raw_result)
-        if result.error is not None:
-            raise result.failure()
-        output = result.output if isinstance(result.output, dict) else {"text": result.output}
-        return {"final": True, **output}
-
-    @staticmethod
-    def stream_gives_up_at(deadline_at: float, last_chunk_at: float | None) -> float:
-        """When a stream's caller stops waiting (wall clock)."""
-        if last_chunk_at is None:
-            return deadline_at + STREAM_GRACE_S
-        return last_chunk_at + STREAM_STALL_S
-
     def cancel_call(self, request_id: str) -> tuple[list[str], list[str | int]]:
         """The keys and args of the cancel script for ``request_id``."""
         ttl_s = max(policy.result_ttl_s for policy in self.settings.models.values())
@@ -491,6 +455,74 @@ class ProducerCore:
     def default_timeout_s(self) -> float:
         """How long a wait lasts when the caller does not say: the longest request lifetime."""
         return max(policy.request_timeout_s for policy in self.settings.models.values()) + 5.0
+
+
+class StreamReader:
+    """The caller's side of one stream, free of I/O: what to read next, and what a read
+    means. The clients loop ``block_ms`` → XREAD ``key`` from ``last`` → ``chunks(reply)``,
+    and after a read that brought nothing, GET ``result_key`` → ``ended(raw)``."""
+
+    def __init__(self, keys: Keys, request_id: str, deadline_at: float) -> None:
+        self.request_id = request_id
+        self.key = keys.chunks(request_id)
+        self.result_key = keys.result(request_id)
+        self.last: Any = "0-0"
+        self.finished = False
+        self._deadline_at = deadline_at
+        self._last_chunk_at: float | None = None
+
+    def block_ms(self) -> int:
+        """How long the next read may block.
+
+        Raises:
+            ResultTimeout: the first chunk did not come by the deadline (plus a grace), or a
+                later one not within ``STREAM_STALL_S`` of the one before.
+        """
+        if self._last_chunk_at is None:
+            gives_up_at = self._deadline_at + STREAM_GRACE_S
+        else:
+            gives_up_at = self._last_chunk_at + STREAM_STALL_S
+        left_s = gives_up_at - time.time()
+        if left_s <= 0:
+            raise ResultTimeout(f"request {self.request_id}: the stream stalled")
+        return max(1, int(min(left_s, 1.0) * 1000))
+
+    def chunks(self, reply: Any) -> list[dict[str, Any]]:
+        """The chunks of an XREAD reply, in order.
+
+        Raises:
+            RequestFailed: (a subclass) the stream ended with an error.
+        """
+        chunks = []
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                self.last, self._last_chunk_at = entry_id, time.time()
+                chunk = json.loads(fields[b"chunk"])
+                if chunk.get("final"):
+                    self.finished = True
+                    error = chunk.get("error")
+                    if error is not None:
+                        raise failure_for(
+                            str(error.get("code")), self.request_id, str(error.get("message"))
+                        )
+                chunks.append(chunk)
+        return chunks
+
+    def ended(self, raw_result: bytes | str | None) -> dict[str, Any] | None:
+        """The last chunk of a stream answered without one reaching its caller (cancelled
+        elsewhere, or its worker stopped right after answering); None while unanswered.
+
+        Raises:
+            RequestFailed: (a subclass) the answer is an error.
+        """
+        if raw_result is None:
+            return None
+        self.finished = True
+        result = Result.decode(raw_result)
+        if result.error is not None:
+            raise result.failure()
+        output = result.output if isinstance(result.output, dict) else {"text": result.output}
+        return {"final": True, **output}
 
 
 def cached_result_head(item: Prepared) -> str:

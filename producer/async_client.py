@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from time import monotonic
 from types import TracebackType
@@ -24,6 +23,7 @@ from producer.admission import (
     WATCH_SCRIPT,
     Prepared,
     ProducerCore,
+    StreamReader,
     chunks,
     read_inbox,
 )
@@ -230,30 +230,22 @@ class AsyncProducer:
             admitted = await self._stream_admit(keys=keys, args=args)
         self._core.check_admission(prepared, admitted)
         request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
-        key, last, finished = self._core.keys.chunks(request_id), "0-0", False
-        last_chunk_at: float | None = None
+        reader = StreamReader(self._core.keys, request_id, deadline_at)
         try:
-            while not finished:
-                left_s = self._core.stream_gives_up_at(deadline_at, last_chunk_at) - time.time()
-                if left_s <= 0:
-                    raise ResultTimeout(f"request {request_id}: the stream stalled")
+            while not reader.finished:
+                block_ms = reader.block_ms()
                 with broker_errors():
-                    reply: Any = await self._client.xread(
-                        {key: last}, count=100, block=max(1, int(min(left_s, 1.0) * 1000))
-                    )
-                    if not reply:  # answered without a last chunk for us?
-                        raw = await self._client.get(self._core.keys.result(request_id))
-                        ended = self._core.stream_ended(request_id, raw)
-                        if ended is not None:
-                            finished = True
-                            yield ended
-                for _, entries in reply or []:
-                    for entry_id, fields in entries:
-                        last, last_chunk_at = entry_id, time.time()
-                        chunk, finished = self._core.read_chunk(request_id, fields[b"chunk"])
-                        yield chunk
+                    streams: dict[Any, Any] = {reader.key: reader.last}
+                    reply = await self._client.xread(streams, count=100, block=block_ms)
+                    # Nothing came: answered without a last chunk for us (cancelled)?
+                    raw = None if reply else await self._client.get(reader.result_key)
+                for chunk in reader.chunks(reply):
+                    yield chunk
+                ended = reader.ended(raw)
+                if ended is not None:
+                    yield ended
         finally:
-            if not finished:
+            if not reader.finished:
                 await asyncio.shield(self._cancel_quietly([request_id]))
 
     async def cancel(self, request_id: str) -> bool:
