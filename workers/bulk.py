@@ -6,9 +6,9 @@ body's ``input``, else the body without its ``model``, is the request's input) o
 ``custom_id``, so a rerun never runs a request twice: lines already answered in the output or
 errors file are skipped, and requests still in the fleet from an interrupted run are waited
 for, not sent again. The file streams through in waves of ``window`` lines (two in flight);
-memory holds those waves and one 8-byte hash per line (to skip lines answered before a rerun,
-and to report a custom_id used twice). Each request may wait ``DEADLINE_S`` (24 h) in the
-queue: a bulk job is not interactive.
+memory holds those waves and a 64-bit hash of each line's custom_id (about 70 bytes each in
+a Python set), to skip lines answered before a rerun and to report a custom_id used twice.
+Each request may wait ``DEADLINE_S`` (24 h) in the queue: a bulk job is not interactive.
 
 Output lines: ``{"custom_id", "output"}``; error lines (in a file of their own):
 ``{"custom_id", "line", "error": {"code", "message"}}``, ``custom_id`` null for a line that
