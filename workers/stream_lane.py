@@ -15,6 +15,7 @@ a stream whose process died cannot be resumed, and after the lease it is answere
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -70,26 +71,43 @@ class StreamLane:
         threading.Thread(target=self._run, name=f"stream-lane-{self._model}", daemon=True).start()
 
     def _run(self) -> None:
+        """Takes one request at a time while a stream slot is free; rides out Redis outages
+        (a Redis that came back empty gets the lane again) and logs anything else, serving
+        on."""
         next_reclaim = 0.0
         while True:
             try:
-                self._ensure_group()
                 if time.monotonic() >= next_reclaim:
                     self._give_up_orphans()
                     next_reclaim = time.monotonic() + self._settings.batcher.reclaim_lease_s / 4
-                self._running.acquire()  # a free stream slot before taking a request
-                try:
-                    entry = self._read()
-                except BaseException:
-                    self._running.release()
-                    raise
-                if entry is None:
-                    self._running.release()
-                else:
-                    self._pool.submit(self._serve_then_release, *entry)
+                self._take_one()
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    log.exception("stream lane of %s failed; serving on", self._model)
+                    time.sleep(1.0)
+                    continue
+                with contextlib.suppress(redis.RedisError):
+                    self._ensure_group()
             except redis.RedisError as exc:
                 log.warning("stream lane of %s: Redis unavailable (%s); retrying", self._model, exc)
                 time.sleep(1.0)
+            except Exception:
+                log.exception("stream lane of %s failed; serving on", self._model)
+                time.sleep(1.0)
+
+    def _take_one(self) -> None:
+        """Waits for a free stream slot, then hands the next request (if one comes within a
+        second) to the pool."""
+        self._running.acquire()
+        try:
+            entry = self._read()
+        except BaseException:
+            self._running.release()
+            raise
+        if entry is None:
+            self._running.release()
+        else:
+            self._pool.submit(self._serve_then_release, *entry)
 
     def _ensure_group(self) -> None:
         try:
