@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
 from workers.pricing import run_cost
 
 WINDOW = 2048
+SAMPLES_KEPT = 10_000
 DEADLINE_S = 24 * 3600.0
 QUEUE_FULL_BACKOFF_S = (0.05, 2.0)
 
@@ -67,7 +69,8 @@ class BadLine:
 @dataclass
 class BulkReport:
     """What a bulk run did: answers written, errors by code, lines skipped as already
-    answered, and the client's view of each answered request (for the summary table)."""
+    answered; for the summary table, exact counts and model time, and the client's view of
+    a uniform sample of the requests answered (outputs dropped: memory stays bounded)."""
 
     total_lines: int = 0
     skipped: int = 0
@@ -75,10 +78,52 @@ class BulkReport:
     errors: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
     tokens: int = 0
+    answered: int = 0
+    first_sent: float | None = None
+    last_answered: float | None = None
+    busy_s: float = 0.0
+    calls: set[tuple[str, str, float]] = field(default_factory=set)
     samples: list[Sample] = field(default_factory=list)
+    _rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+
+    def answered_request(self, sample: Sample) -> None:
+        """Counts a request the fleet answered, keeping it in the sample with probability
+        ``SAMPLES_KEPT / answered`` (reservoir sampling)."""
+        self.answered += 1
+        self.first_sent = min(self.first_sent or sample.sent_at, sample.sent_at)
+        self.last_answered = max(self.last_answered or sample.answered_at, sample.answered_at)
+        result = sample.result
+        call = (result.worker or "", result.batch_id or "", result.model_s)
+        if call not in self.calls:
+            self.calls.add(call)
+            self.busy_s += result.model_s
+        slim = Sample(
+            sample.sent_at, sample.answered_at, result.model_copy(update={"output": None})
+        )
+        if len(self.samples) < SAMPLES_KEPT:
+            self.samples.append(slim)
+        elif (slot := self._rng.randrange(self.answered)) < SAMPLES_KEPT:
+            self.samples[slot] = slim
+
+    def summary(self, model: str) -> dict[str, Any]:
+        """The demo's figures: latencies from the sample, the rest exact."""
+        summary = RunStats(model, "file", len(self.samples), self.samples).summary()
+        window_s = (self.last_answered or 0.0) - (self.first_sent or 0.0)
+        devices = max(1, len({worker for worker, _, _ in self.calls} - {""}))
+        summary.update(
+            sent=self.answered,
+            completed=self.written,
+            window_s=round(window_s, 3),
+            throughput_rps=round(self.written / window_s, 1) if window_s > 0 else 0.0,
+            batches=len(self.calls),
+            mean_batch_size=round(self.answered / len(self.calls), 2) if self.calls else 0.0,
+            busy_fraction=round(self.busy_s / (window_s * devices), 3) if window_s > 0 else 0.0,
+            devices=devices,
+        )
+        return summary
 
 
 def request_id_for(model: str, custom_id: str) -> str:
@@ -238,7 +283,7 @@ class BulkJob:
     def _collect(self, wave: dict[str, tuple[Line, float]], on_answer: Any) -> None:
         for result in self._producer.results(list(wave)):
             line, sent_at = wave[result.request_id]
-            self._report.samples.append(Sample(sent_at, time.monotonic(), result))
+            self._report.answered_request(Sample(sent_at, time.monotonic(), result))
             self._write_answer(line, result)
             on_answer()
 
@@ -353,18 +398,14 @@ def print_summary(
         f"{sum(report.errors.values())} errors{f' ({errors})' if errors else ''}, "
         f"{report.skipped} skipped (answered by an earlier run)"
     )
-    if report.samples:
-        stats = RunStats(
-            label=model, offered="file", sent=len(report.samples), samples=report.samples
-        )
-        summary = stats.summary()
+    if report.answered:
+        summary = report.summary(model)
         print(TABLE_HEADER)
         print(table_line(summary))
         if gpu_cost_per_hour is not None:
-            devices = len({sample.result.worker for sample in report.samples} - {None})
             cost = run_cost(
                 gpu_cost_per_hour,
-                max(1, devices),
+                summary["devices"],
                 summary["window_s"],
                 summary["completed"],
                 summary["busy_fraction"],
