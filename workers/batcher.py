@@ -27,7 +27,7 @@ from producer.client import connect
 from workers.batch_cap import BatchCap
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app
-from workers.entries import StreamEntry, read_entries, to_text
+from workers.entries import StreamEntry, ensure_group, read_entries, to_text
 from workers.metrics import batcher_registry, serve_metrics
 from workers.model_times import ModelTimeEstimate
 from workers.models.registry import cost_function
@@ -202,11 +202,7 @@ class ModelBatcher:
         return plan
 
     def _ensure_group(self) -> None:
-        try:
-            self._client.xgroup_create(self.stream, CONSUMER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        ensure_group(self._client, self.stream, CONSUMER_GROUP)
 
     def _read(
         self, *, count: int | None = None, block_s: float | None = None, history: bool = False

@@ -1,4 +1,5 @@
 """Reading request-stream entries: each becomes a request, an ``invalid_input`` answer, or a drop.
+Also the consumer group every reader of a stream needs first.
 
 Whatever sits in the stream (written by hand, truncated, not UTF-8, nested too deep), reading
 it never raises: the batcher and the worker both go on.
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from config.errors import WireFormatError
 from config.schema import STREAM_FIELD, Request, is_valid_request_id
 from workers.results import Final, error_result
@@ -19,6 +22,16 @@ from workers.results import Final, error_result
 log = logging.getLogger(__name__)
 
 StreamEntry = tuple[Any, dict[Any, Any]]
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
+    """Creates ``group`` on ``stream`` (and the stream) unless it exists: after a start, or a
+    Redis that came back empty."""
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
 
 
 def to_text(value: Any) -> str:

@@ -30,7 +30,7 @@ from config.errors import WireFormatError
 from config.keys import STREAM_GROUP, Keys
 from config.schema import ErrorCode, Request, Result
 from config.settings import Settings
-from workers.entries import to_text
+from workers.entries import ensure_group, to_text
 from workers.results import Final, ResultWriter, error_final
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class StreamLane:
 
     def start(self) -> None:
         """Opens the lane (producers may stream to the model from now on) and serves it."""
-        self._ensure_group()
+        ensure_group(self._client, self._lane, STREAM_GROUP)
         threading.Thread(target=self._run, name=f"stream-lane-{self._model}", daemon=True).start()
 
     def _run(self) -> None:
@@ -87,7 +87,7 @@ class StreamLane:
                     time.sleep(1.0)
                     continue
                 with contextlib.suppress(redis.RedisError):
-                    self._ensure_group()
+                    ensure_group(self._client, self._lane, STREAM_GROUP)
             except redis.RedisError as exc:
                 log.warning("stream lane of %s: Redis unavailable (%s); retrying", self._model, exc)
                 time.sleep(1.0)
@@ -108,13 +108,6 @@ class StreamLane:
             self._running.release()
         else:
             self._pool.submit(self._serve_then_release, *entry)
-
-    def _ensure_group(self) -> None:
-        try:
-            self._client.xgroup_create(self._lane, STREAM_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
 
     def _read(self) -> tuple[str, str] | None:
         """The next streaming request (entry id, raw request), waiting up to a second."""
