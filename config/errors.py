@@ -4,6 +4,7 @@
 
     BatchfleetError
     ├── ConfigError               settings are invalid or inconsistent
+    │   └── UnsupportedRedis      the Redis server is older than 6.2
     ├── WireFormatError           a request or result on the wire cannot be decoded
     ├── BrokerUnavailable         Redis cannot be reached
     ├── RequestRejected           refused at submit; nothing was enqueued
@@ -32,6 +33,10 @@ class BatchfleetError(Exception):
 
 class ConfigError(BatchfleetError):
     """Raised when settings are invalid or contradict each other."""
+
+
+class UnsupportedRedis(ConfigError):
+    """Raised when the Redis server runs a version batchfleet does not support (before 6.2)."""
 
 
 class WireFormatError(BatchfleetError):

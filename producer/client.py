@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from config.connection import connect
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
@@ -32,16 +33,6 @@ from producer.waiters import Waiters
 
 LISTEN_BLOCK_S = 1
 WAKE_SENTINEL = ""
-
-
-def connect(settings: Settings) -> redis.Redis:
-    """A redis-py client for ``settings``, with bounded socket timeouts."""
-    return redis.Redis.from_url(
-        settings.redis_url.get_secret_value(),
-        socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=settings.redis_socket_timeout_s,
-        health_check_interval=30,
-    )
 
 
 class InboxListener:

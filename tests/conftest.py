@@ -1,17 +1,52 @@
-"""Marks each test by its folder: ``tests/integration`` → integration, ``tests/unit`` → unit,
-``tests/chaos`` → chaos and slow."""
+"""Marks each test by its folder (``tests/integration`` → integration, ``tests/unit`` → unit,
+``tests/chaos`` → chaos and slow), names the redis-server the session runs on, and fails any
+test that leaves a process or a temp folder behind.
+
+Every process the suite starts carries ``SESSION_MARK`` in its environment, and every temp
+folder lands in one folder of the session's own; both are checked after each test and
+cleared when the session ends, also when a test failed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from workers.local_redis import describe_redis_server, redis_server_binary
+
 ROOT = Path(__file__).parent
+SESSION_MARK = "BF_TEST_SESSION"
+LEFTOVER_WAIT_S = 15.0
+PYTEST_TEMP = "pytest-of-"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "unit: no sockets, no subprocesses")
+    config.addinivalue_line("markers", "tls: needs a redis-server built with TLS")
+    session_tmp = tempfile.mkdtemp(prefix="batchfleet-tests-")
+    os.environ["TMPDIR"] = session_tmp
+    tempfile.tempdir = session_tmp
+    os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for pid in marked_processes():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(tempfile.gettempdir(), ignore_errors=True)
+
+
+def pytest_report_header() -> str:
+    return f"redis-server: {describe_redis_server(redis_server_binary())}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -22,3 +57,47 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         elif folder == "chaos":
             item.add_marker("chaos")
             item.add_marker("slow")
+
+
+def marked_processes() -> set[int]:
+    """Live processes started by this session (pytest itself excluded)."""
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "(gone)"
+
+
+def temp_entries() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if not name.startswith(PYTEST_TEMP)}
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_behind() -> Iterator[None]:
+    """After the test and its fixtures: every process it started has exited (waited for up to
+    15 s, then killed) and every temp folder it made is gone, or the test errors."""
+    processes_before, temp_before = marked_processes(), temp_entries()
+    yield
+    give_up = time.monotonic() + LEFTOVER_WAIT_S
+    while (left := marked_processes() - processes_before) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    described = [f"{pid}: {command_line(pid)}" for pid in sorted(left)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    temp_left = sorted(temp_entries() - temp_before)
+    for name in temp_left:
+        shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
+    assert not described, "processes left running:\n" + "\n".join(described)
+    assert not temp_left, f"temp folders left behind: {temp_left}"

@@ -20,10 +20,10 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from config.connection import connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.schema import PRIORITY_RANK
 from config.settings import Settings
-from producer.client import connect
 from workers.batch_cap import BatchCap
 from workers.capacity import FleetState
 from workers.celery_app import RUN_BATCH_TASK, make_celery_app

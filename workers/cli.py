@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from config.errors import BatchfleetError, ConfigError
+from config.errors import BatchfleetError, BrokerUnavailable, ConfigError
 from config.settings import Settings, load_settings
 
 log = logging.getLogger("batchfleet")
@@ -35,11 +35,26 @@ def _gpu_choice(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"a GPU index or 'auto', not {value!r}") from None
 
 
+def _check_redis_version(settings: Settings) -> None:
+    """Refuses a Redis older than batchfleet supports; one that cannot be reached yet is
+    left to the process's own reconnecting."""
+    from config.connection import connect, require_supported_redis
+
+    client = connect(settings)
+    try:
+        log.info("Redis %s", require_supported_redis(client))
+    except BrokerUnavailable as exc:
+        log.warning("Redis version not checked: %s", exc)
+    finally:
+        client.close()
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.worker_main import run_worker, run_worker_per_gpu
 
     settings = load_settings()
     models = _models(settings, args.model)
+    _check_redis_version(settings)
     if args.cpu or args.gpu is not None:
         return run_worker(
             settings, models, gpu=args.gpu, name=args.name, metrics_port=args.metrics_port
@@ -54,6 +69,7 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     models = _models(settings, args.model)
+    _check_redis_version(settings)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -67,8 +83,8 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
+    from config.connection import connect
     from config.keys import Keys
-    from producer.client import connect
     from workers.top import run_top
 
     settings = load_settings()

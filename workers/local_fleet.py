@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,11 @@ class LocalFleet:
         for process in self.processes:
             self.stop(process)
 
+    def close(self) -> None:
+        """Stops every process and deletes the logs."""
+        self.stop_all()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
     def __enter__(self) -> LocalFleet:
         return self
 
@@ -69,4 +75,4 @@ class LocalFleet:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop_all()
+        self.close()

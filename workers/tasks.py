@@ -15,11 +15,11 @@ import redis
 from celery import Celery, Task
 from celery.exceptions import SoftTimeLimitExceeded
 
+from config.connection import connect
 from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, Keys, device_consumer, worker_consumer
 from config.schema import STREAM_FIELD, ErrorCode, Request, Result, canonical_json
 from config.settings import Settings
-from producer.client import connect
 from workers.alerts import WorkerAlerts
 from workers.batch_cap import BatchCap, is_out_of_memory
 from workers.capacity import (

@@ -17,9 +17,9 @@ from typing import Literal
 
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
+from config.connection import connect
 from config.keys import Keys
 from config.settings import Settings
-from producer.client import connect
 from workers.capacity import FleetState, GpuClaim, claim_gpu, slots_of
 from workers.celery_app import make_celery_app
 from workers.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu

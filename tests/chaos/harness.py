@@ -142,7 +142,7 @@ class ChaosFleet:
         self.processes.stop_all()
         for supervisor in self._supervisors:
             supervisor.join(timeout=15)
-        self.processes.stop_all()  # what a supervisor started while the first pass ran
+        self.processes.close()  # and what a supervisor started while the first pass ran
         self.observer.stop()
         self.client.close()
         self.redis.stop()

