@@ -26,7 +26,9 @@ from workers.local_redis import describe_redis_server, redis_server_binary
 ROOT = Path(__file__).parent
 SESSION_MARK = "BF_TEST_SESSION"
 LEFTOVER_WAIT_S = 15.0
-PYTEST_TEMP = "pytest-of-"
+# Caches kept by pytest and torch for their whole run, not made by a test: removed with the
+# session's temp folder at the end.
+LIBRARY_CACHES = ("pytest-of-", "torchinductor_")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -80,7 +82,9 @@ def command_line(pid: int) -> str:
 
 
 def temp_entries() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if not name.startswith(PYTEST_TEMP)}
+    return {
+        name for name in os.listdir(tempfile.gettempdir()) if not name.startswith(LIBRARY_CACHES)
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -10,11 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
+from config.keys import Keys
+from tests.chaos.harness import wait_until
 from workers.local_fleet import LocalFleet
+from workers.model_times import REFRESH_S
 
-from .conftest import producer_for, wait_ready
-from .test_cancel import LEDGER
+from .conftest import producer_for, settings_for, wait_ready
+from .test_cancel import LEDGER, on_device
 
 
 @pytest.mark.parametrize("deadline_aware", [True, False])
@@ -31,15 +35,20 @@ def test_a_held_batch_is_sent_ahead_for_its_deadline_only_when_deadline_aware(
     fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"synthetic": policy}))
     fleet.start("batcher")
     fleet.start("worker", "--cpu")
+    settings = settings_for(fleet.env)
+    keys = Keys(settings.key_prefix)
+    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet, warmup={"n": 0})
         for n in range(1, 5):
             producer.result(producer.submit("synthetic", {"n": n, "stall_s": 0.5}), timeout_s=30)
-        time.sleep(3.5)  # the worker publishes its measured model times; the batcher reads them
+        wait_until(lambda: float(client.hget(keys.model_time("synthetic"), "1") or 0) > 0.25)
+        time.sleep(REFRESH_S)  # the batcher's next look at the model times reads these
         blocker = producer.submit("synthetic", {"n": 10, "stall_s": 1.5})
-        time.sleep(0.05)
+        wait_until(lambda: on_device(client, keys))
         due = producer.submit("synthetic", {"n": 11}, deadline_s=1.6)
         results = {r.request_id: r for r in producer.results([blocker, due], timeout_s=30)}
+    client.close()
     if deadline_aware:
         assert results[due].ok and results[due].flush_reason == "deadline"
     else:
