@@ -8,8 +8,10 @@ e.g. ``BATCHFLEET_WORKER__CONCURRENCY=2``; ``BATCHFLEET_MODELS`` takes JSON.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +26,7 @@ from pydantic_settings import (
 from config.errors import ConfigError
 
 MIB = 1024 * 1024
+ENV_PREFIX = "BATCHFLEET_"
 CONFIG_FILE_ENV = "BATCHFLEET_CONFIG"
 
 
@@ -138,7 +141,7 @@ class Settings(BaseSettings):
     """Everything a batchfleet process needs to know, frozen after load."""
 
     model_config = SettingsConfigDict(
-        env_prefix="BATCHFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid"
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
@@ -208,12 +211,72 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+def environment_names() -> list[str]:
+    """Every variable name the settings read (a model's fields under ``<MODEL>``)."""
+    names = [CONFIG_FILE_ENV]
+    groups: dict[str, type[BaseModel]] = {
+        "models": ModelPolicy,
+        "batcher": BatcherSettings,
+        "worker": WorkerSettings,
+        "alerts": AlertSettings,
+    }
+    for name in Settings.model_fields:
+        names.append(f"{ENV_PREFIX}{name.upper()}")
+        group = groups.get(name)
+        if group is not None:
+            middle = "__<MODEL>" if name == "models" else ""
+            names += [
+                f"{ENV_PREFIX}{name.upper()}{middle}__{field.upper()}"
+                for field in group.model_fields
+            ]
+    return names
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuses a ``BATCHFLEET_*`` variable that names no setting: a misspelled one would
+    otherwise be ignored, and the fleet would run on the default it meant to change.
+
+    Raises:
+        ConfigError: naming the variable and the closest valid name.
+    """
+    names = environment_names()
+    top_level = {name for name in names if "__" not in name}
+    groups = {name.split("__")[0] for name in names if "__" in name}
+    for variable in sorted(environ):
+        upper = variable.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in top_level:
+            continue
+        if "__" in upper and upper.split("__")[0] in groups:
+            continue  # a nested name: its fields are checked with the values
+        closest = closest_name(upper, names)
+        hint = f"; did you mean {closest}?" if closest else ""
+        raise ConfigError(f"{variable} is not a batchfleet setting{hint}")
+
+
+def closest_name(variable: str, names: list[str]) -> str | None:
+    """The valid name nearest ``variable``, compared without the shared prefix, whole or by
+    its last part (``BATCHFLEET_MAX_BATCH_SIZE`` → the model field); None if none is near."""
+    wanted = variable.removeprefix(ENV_PREFIX)
+
+    def likeness(name: str) -> float:
+        rest = name.removeprefix(ENV_PREFIX)
+        return max(
+            difflib.SequenceMatcher(None, wanted, rest).ratio(),
+            difflib.SequenceMatcher(None, wanted, rest.split("__")[-1]).ratio(),
+        )
+
+    best = max(names, key=likeness)
+    return best if likeness(best) >= 0.6 else None
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Loads settings from the environment and the optional TOML file.
 
     Raises:
-        ConfigError: the settings are invalid; the message names each bad field.
+        ConfigError: the settings are invalid, or a ``BATCHFLEET_*`` variable names no
+            setting; the message names each bad field.
     """
+    check_environment(os.environ)
     config_file = os.environ.get(CONFIG_FILE_ENV)
     if config_file and not Path(config_file).is_file():
         raise ConfigError(f"{CONFIG_FILE_ENV}={config_file}: no such file")

@@ -1,5 +1,6 @@
 """Settings load from the environment and a TOML file, and refuse inconsistent limits."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -73,4 +74,34 @@ def test_bad_values_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong value is reported with the field it belongs to."""
     monkeypatch.setenv("BATCHFLEET_MODELS__SYNTHETIC__MAX_BATCH_SIZE", "0")
     with pytest.raises(ConfigError, match="max_batch_size"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "closest"),
+    [
+        ("BATCHFLEET_REDIS_UR", "BATCHFLEET_REDIS_URL"),
+        ("BATCHFLEET_MAX_BATCH_SIZE", "BATCHFLEET_MODELS__<MODEL>__MAX_BATCH_SIZE"),
+        ("BATCHFLEET_WORKER_CONCURRENCY", "BATCHFLEET_WORKER__CONCURRENCY"),
+        ("batchfleet_confg", "BATCHFLEET_CONFIG"),
+    ],
+)
+def test_a_misspelled_variable_is_refused_naming_the_closest_setting(
+    monkeypatch: pytest.MonkeyPatch, variable: str, closest: str
+) -> None:
+    """A BATCHFLEET_* variable that names no setting stops the load: ignored, it would leave
+    the fleet on a default (another Redis, another batch size) without a word."""
+    monkeypatch.setenv(variable, "redis://elsewhere:6379/0")
+    with pytest.raises(
+        ConfigError,
+        match=rf"{variable} is not a batchfleet setting; did you mean {re.escape(closest)}\?",
+    ):
+        load_settings()
+
+
+def test_a_variable_far_from_every_setting_is_refused_without_a_guess(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BATCHFLEET_FOO", "1")
+    with pytest.raises(ConfigError, match=r"BATCHFLEET_FOO is not a batchfleet setting$"):
         load_settings()
