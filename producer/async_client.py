@@ -12,6 +12,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from config.connection import broker_errors
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
@@ -28,7 +29,6 @@ from producer.admission import (
     read_inbox,
 )
 from producer.client import LISTEN_BLOCK_S
-from producer.redis_errors import broker_errors
 from producer.waiters import Waiters
 
 MAX_CONNECTIONS = 32

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from config.connection import connect
+from config.connection import broker_errors, connect
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import Settings, load_settings
@@ -28,7 +28,6 @@ from producer.admission import (
     chunks,
     read_inbox,
 )
-from producer.redis_errors import broker_errors
 from producer.waiters import Waiters
 
 LISTEN_BLOCK_S = 1

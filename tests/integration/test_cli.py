@@ -8,6 +8,12 @@ import subprocess
 import sys
 
 import pytest
+import redis
+
+from config.errors import RedisAccessDenied
+from config.settings import load_settings
+from producer.client import Producer
+from workers.local_redis import LocalRedis
 
 
 def run_cli(
@@ -55,14 +61,38 @@ def test_invalid_settings_fail_with_one_clear_line() -> None:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_unknown_backend_fails_with_one_clear_line() -> None:
+def test_unknown_backend_fails_with_one_clear_line(redis_server: LocalRedis) -> None:
     """A model whose backend cannot be loaded stops the worker with one clear line."""
     done = run_cli(
         "worker",
         "--cpu",
-        env={"BATCHFLEET_MODELS__SYNTHETIC__BACKEND": "nowhere.module:Model"},
+        env={
+            "BATCHFLEET_REDIS_URL": redis_server.url,
+            "BATCHFLEET_MODELS__SYNTHETIC__BACKEND": "nowhere.module:Model",
+        },
         timeout=60,
     )
     assert done.returncode == 2
     assert "cannot load backend 'nowhere.module:Model'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_wrong_redis_password_says_authentication_failed_not_unavailable() -> None:
+    """Refused credentials are RedisAccessDenied at the producer and one clear line (exit 2)
+    from the batcher, not BrokerUnavailable, which would have people wait for an outage."""
+    with LocalRedis() as server:
+        with redis.Redis.from_url(server.url) as admin:
+            admin.config_set("requirepass", "right-password")
+        wrong = server.url.replace("redis://", "redis://:wrong-password@")
+        settings = load_settings(redis_url=wrong)
+        with Producer(settings) as producer, pytest.raises(RedisAccessDenied) as refused:
+            producer.submit("synthetic", "x")
+        done = run_cli("batcher", env={"BATCHFLEET_REDIS_URL": wrong}, timeout=60)
+    assert "Redis authentication failed" in str(refused.value)
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("batchfleet: error: Redis authentication failed")
+    )
+    assert "wrong-password" not in done.stderr + str(refused.value)

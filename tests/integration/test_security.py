@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import pytest
 
-from config.errors import BrokerUnavailable
+from config.errors import BatchfleetError, BrokerUnavailable, RedisAccessDenied
 from config.settings import load_settings
 from producer.client import Producer
 from workers.local_fleet import LocalFleet
@@ -122,10 +122,10 @@ def test_a_fleet_runs_over_tls_with_an_acl_user_and_never_logs_the_password(
     )
 
 
-def refusal(url: str) -> BrokerUnavailable:
+def refusal(url: str, error: type[BatchfleetError] = BrokerUnavailable) -> BatchfleetError:
     """The error a producer raises at submit on ``url``."""
     settings = load_settings(redis_url=url, key_prefix="refused")
-    with Producer(settings) as producer, pytest.raises(BrokerUnavailable) as refused:
+    with Producer(settings) as producer, pytest.raises(error) as refused:
         producer.submit("synthetic", "x")
     return refused.value
 
@@ -144,5 +144,6 @@ def test_a_wrong_password_is_refused_without_echoing_it(tls_redis: tuple[str, Pa
     """A wrong password is a typed error that names neither password."""
     base_url, ca_file = tls_redis
     wrong = base_url.replace(PASSWORD, "not-the-password")
-    error = refusal(f"{wrong}?ssl_cert_reqs=required&ssl_ca_certs={ca_file}")
+    error = refusal(f"{wrong}?ssl_cert_reqs=required&ssl_ca_certs={ca_file}", RedisAccessDenied)
+    assert "Redis authentication failed" in str(error)
     assert PASSWORD not in str(error) and "not-the-password" not in str(error)
