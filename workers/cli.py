@@ -13,6 +13,15 @@ from types import FrameType
 
 from config.errors import BatchfleetError, BrokerUnavailable, ConfigError
 from config.settings import Settings, load_settings
+from workers.cli_args import (
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+    rate_list,
+    refresh_seconds,
+)
 
 log = logging.getLogger("batchfleet")
 
@@ -152,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         inflight=args.inflight,
         rate=args.rate,
         duration_s=args.duration,
-        rates=tuple(float(rate) for rate in args.rates.split(",")),
+        rates=tuple(float(rate) for rate in args.rates),
         workers=args.workers,
         backend=args.backend,
         max_batch_size=args.max_batch_size,
@@ -195,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", help="Celery node name (default gpuN@host or cpu-PID@host)")
     worker.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         help="serve Prometheus /metrics on this port (with one process per GPU: port + GPU index)",
     )
     worker.set_defaults(handler=cmd_worker)
@@ -203,13 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     batcher = commands.add_parser("batcher", help="run the micro-batcher")
     batcher.add_argument("--model", action="append", help="batch only this model (repeatable)")
     batcher.add_argument("--name", help="consumer name, unique per batcher (default batcher@host)")
-    batcher.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    batcher.add_argument(
+        "--metrics-port", type=port_number, help="serve Prometheus /metrics on this port"
+    )
     batcher.set_defaults(handler=cmd_batcher)
 
     top = commands.add_parser("top", help="a live view of the fleet (Ctrl-C to leave)")
     top.add_argument("--model", action="append", help="show only this model (repeatable)")
-    top.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
-    top.add_argument("--gpu-cost-per-hour", type=float, help="price of one device-hour")
+    top.add_argument(
+        "--refresh", type=refresh_seconds, default=1.0, help="seconds between redraws (>= 0.1)"
+    )
+    top.add_argument("--gpu-cost-per-hour", type=positive_float, help="price of one device-hour")
     top.set_defaults(handler=cmd_top)
 
     submit = commands.add_parser(
@@ -219,27 +232,36 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--model", required=True)
     submit.add_argument("-o", "--output", required=True, help="answers, appended as they come")
     submit.add_argument("--errors", help="error lines (default: OUTPUT with .errors.jsonl)")
-    submit.add_argument("--window", type=int, default=2048, help="lines in flight per wave")
     submit.add_argument(
-        "--deadline", type=float, default=24 * 3600.0, help="seconds a request may wait (24 h)"
+        "--window", type=positive_int, default=2048, help="lines in flight per wave"
     )
     submit.add_argument(
-        "--gpu-cost-per-hour", type=float, help="price of one device-hour: report the run's cost"
+        "--deadline",
+        type=positive_float,
+        default=24 * 3600.0,
+        help="seconds a request may wait (24 h)",
+    )
+    submit.add_argument(
+        "--gpu-cost-per-hour",
+        type=positive_float,
+        help="price of one device-hour: report the run's cost",
     )
     submit.set_defaults(handler=cmd_submit)
 
     flower = commands.add_parser(
         "flower", help="Flower on the fleet's broker, behind FLOWER_BASIC_AUTH=user:password"
     )
-    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--port", type=port_number, default=5555)
     flower.add_argument("--address", default="127.0.0.1", help="0.0.0.0 in a container")
     flower.set_defaults(handler=cmd_flower)
 
     demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")
-    demo.add_argument("--requests", type=int, default=2000, help="requests in the batched run")
+    demo.add_argument(
+        "--requests", type=positive_int, default=2000, help="requests in the batched run"
+    )
     demo.add_argument(
         "--baseline",
-        type=int,
+        type=non_negative_int,
         default=2000,
         help="requests sent again with one request per model call, for comparison",
     )
@@ -253,21 +275,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure a private fleet under load")
     bench.add_argument("mode", choices=["saturate", "rate", "sweep"])
-    bench.add_argument("--requests", type=int, default=5000, help="saturate: how many")
+    bench.add_argument("--requests", type=positive_int, default=5000, help="saturate: how many")
     bench.add_argument(
-        "--inflight", type=int, default=0, help="saturate: requests in flight (0: all at once)"
+        "--inflight",
+        type=non_negative_int,
+        default=0,
+        help="saturate: requests in flight (0: all at once)",
     )
-    bench.add_argument("--rate", type=float, default=200.0, help="rate: requests per second")
-    bench.add_argument("--duration", type=float, default=20.0, help="rate, sweep: seconds each")
-    bench.add_argument("--rates", default="50,100,200,400,600,800", help="sweep: req/s list")
-    bench.add_argument("--workers", type=int, default=1, help="CPU workers to start")
+    bench.add_argument(
+        "--rate", type=positive_float, default=200.0, help="rate: requests per second"
+    )
+    bench.add_argument(
+        "--duration", type=positive_float, default=20.0, help="rate, sweep: seconds each"
+    )
+    bench.add_argument(
+        "--rates", type=rate_list, default=(50, 100, 200, 400, 600, 800), help="sweep: req/s list"
+    )
+    bench.add_argument("--workers", type=positive_int, default=1, help="CPU workers to start")
     bench.add_argument(
         "--backend",
         choices=["synthetic", "embedding"],
         default="synthetic",
         help="the model: a GPU-like sleep, or MiniLM embeddings on this CPU (needs the extra)",
     )
-    bench.add_argument("--threads", type=int, help="embedding: torch threads per worker")
+    bench.add_argument("--threads", type=positive_int, help="embedding: torch threads per worker")
     bench.add_argument(
         "--weights", help="embedding: a folder holding the model (default: the installed package)"
     )
@@ -281,16 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="pin the workers to this machine's GPUs (round-robin) and sample them with NVML",
     )
-    bench.add_argument("--max-batch-size", type=int, default=32)
-    bench.add_argument("--max-wait-s", type=float, default=0.015)
-    bench.add_argument("--base-ms", type=float, default=20.0, help="synthetic cost per batch")
-    bench.add_argument("--per-item-ms", type=float, default=0.5, help="synthetic cost per item")
+    bench.add_argument("--max-batch-size", type=positive_int, default=32)
+    bench.add_argument("--max-wait-s", type=non_negative_float, default=0.015)
+    bench.add_argument(
+        "--base-ms", type=non_negative_float, default=20.0, help="synthetic cost per batch"
+    )
+    bench.add_argument(
+        "--per-item-ms", type=non_negative_float, default=0.5, help="synthetic cost per item"
+    )
     bench.add_argument(
         "--baseline", action="store_true", help="also run the same load one request per model call"
     )
     bench.add_argument(
         "--gpu-cost-per-hour",
-        type=float,
+        type=positive_float,
         help="price of one device-hour: report cost per 1,000 requests and of idle time",
     )
     bench.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNGs")

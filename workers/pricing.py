@@ -4,7 +4,20 @@ cost — the figure that says what batching saved."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+SIGNIFICANT_DIGITS = 4
+
+
+def money(amount: float) -> str:
+    """``amount`` to four significant digits in plain decimals: ``0.00001536``, never
+    ``1.536e-05``; ``0.0012``, ``12.35``, ``1235``."""
+    if amount == 0 or not math.isfinite(amount):
+        return f"{amount:g}"
+    decimals = max(0, SIGNIFICANT_DIGITS - 1 - math.floor(math.log10(abs(amount))))
+    text = f"{amount:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 @dataclass(frozen=True)
@@ -19,10 +32,10 @@ class RunCost:
     def describe(self, price_per_hour: float) -> str:
         parts = [f"at {price_per_hour:g}/GPU-hour:"]
         if self.per_1k_requests is not None:
-            parts.append(f"{self.per_1k_requests:.4g} per 1,000 requests")
+            parts.append(f"{money(self.per_1k_requests)} per 1,000 requests")
         if self.per_million_tokens is not None:
-            parts.append(f"{self.per_million_tokens:.4g} per million tokens")
-        parts.append(f"idle GPU time {self.idle:.4g} of {self.total:.4g}")
+            parts.append(f"{money(self.per_million_tokens)} per million tokens")
+        parts.append(f"idle GPU time {money(self.idle)} of {money(self.total)}")
         return " ".join(parts[:2]) + "".join(f", {part}" for part in parts[2:])
 
 

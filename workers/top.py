@@ -24,6 +24,7 @@ from rich.table import Table
 
 from config.keys import Keys
 from workers.entries import to_text
+from workers.pricing import money
 
 LATENCY_WINDOW_S = 60.0
 RATE_WINDOW_S = 5.0
@@ -181,11 +182,13 @@ def cost_line(before: Snapshot, now: Snapshot, price_per_hour: float) -> str:
         if (busy := _busy(before.nodes.get(hostname, {}), status)) is not None
     )
     per_1k = (
-        f"{price_per_hour * devices * elapsed_s / 3600 / answered * 1000:.4g} per 1,000 requests"
+        f"{money(price_per_hour * devices * elapsed_s / 3600 / answered * 1000)} per 1,000 requests"
         if answered > 0 and elapsed_s > 0
         else "no requests answered"
     )
-    return f"at {price_per_hour:g}/GPU-hour: {per_1k}, idle GPUs {price_per_hour * idle:.4g}/hour"
+    return (
+        f"at {price_per_hour:g}/GPU-hour: {per_1k}, idle GPUs {money(price_per_hour * idle)}/hour"
+    )
 
 
 def _table(title: str, headers: Sequence[str]) -> Table:

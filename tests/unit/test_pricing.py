@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.pricing import run_cost
+from workers.pricing import money, run_cost
 
 
 def test_a_runs_cost_is_spread_over_its_requests_and_tokens_and_its_idle_share_named() -> None:
@@ -27,3 +27,12 @@ def test_a_run_that_answered_nothing_has_no_per_request_price() -> None:
     cost = run_cost(3.6, devices=1, window_s=10, completed=0, busy_fraction=0.0)
     assert cost.per_1k_requests is None and cost.per_million_tokens is None
     assert cost.idle == pytest.approx(cost.total)
+
+
+@pytest.mark.parametrize(
+    ("amount", "shown"),
+    [(1.536e-05, "0.00001536"), (0.0012, "0.0012"), (12.3456, "12.35"), (1234.5, "1234"), (0, "0")],
+)
+def test_costs_are_printed_in_plain_decimals(amount: float, shown: str) -> None:
+    """A cost reads as money, four significant digits, never in exponent notation."""
+    assert money(amount) == shown
