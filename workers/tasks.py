@@ -256,7 +256,7 @@ class WorkerRuntime:
         for run in runs:
             requests = [request for _, request in run.items]
             self.metrics.observe_run(model_name, requests, run.model_s, run.finished_at)
-            self.work.add(len(requests), run.model_s, run.finished_at)
+            self.work.add(model_name, len(requests), run.model_s, run.finished_at)
             if run.error is None:
                 self.model_times.add(model_name, len(requests), run.model_s)
 
@@ -474,28 +474,38 @@ class WorkerRuntime:
 
 
 class WorkDone:
-    """What a worker process has run since it started, for its status in Redis."""
+    """What a worker process has run since it started, in all and per model, for its status
+    in Redis."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.batches = self.requests = 0
         self.busy_s = 0.0
         self.last_batch_at: float | None = None
+        self._per_model: dict[str, list[int]] = {}
 
-    def add(self, requests: int, model_s: float, finished_at: float) -> None:
+    def add(self, model: str, requests: int, model_s: float, finished_at: float) -> None:
         with self._lock:
             self.batches += 1
             self.requests += requests
             self.busy_s += model_s
             self.last_batch_at = finished_at
+            counts = self._per_model.setdefault(model, [0, 0])
+            counts[0] += 1
+            counts[1] += requests
 
     def fields(self) -> dict[str, str]:
+        """``batches``, ``requests``, ``busy_s``, ``last_batch_at``, and per model
+        ``batches:{model}`` and ``requests:{model}``."""
         with self._lock:
             done = {
                 "batches": str(self.batches),
                 "requests": str(self.requests),
                 "busy_s": f"{self.busy_s:.6f}",
             }
+            for model, (batches, requests) in self._per_model.items():
+                done[f"batches:{model}"] = str(batches)
+                done[f"requests:{model}"] = str(requests)
             if self.last_batch_at is not None:
                 done["last_batch_at"] = f"{self.last_batch_at:.3f}"
             return done

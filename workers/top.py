@@ -89,10 +89,20 @@ def _answered(stats: dict[str, int]) -> tuple[int, int]:
     return stats.get("completed", 0), failed
 
 
-def model_table(before: Snapshot, now: Snapshot) -> Table:
+MODEL_COLUMNS: tuple[str, ...] = ("model", "queue", "in/s", "out/s", "batch", "p50", "p99", "err")
+# Below this many terminal columns the model view splits in two tables (traffic, latency), so
+# that no column is cut off.
+WIDE_MODEL_TABLE = 56
+NARROW_SPLIT: tuple[tuple[str, ...], ...] = (
+    ("model", "queue", "in/s", "out/s", "err"),
+    ("model", "batch", "p50", "p99"),
+)
+
+
+def model_rows(before: Snapshot, now: Snapshot) -> list[dict[str, str]]:
+    """Per model, its figures over the refresh by column name (``MODEL_COLUMNS``)."""
     elapsed_s = now.now - before.now
-    headers = ("model", "queue", "in/s", "out/s", "batch", "p50", "p99", "err")
-    table = _table("models (latency in ms)", headers)
+    rows = []
     for model, depth in now.depths.items():
         stats, old = now.stats[model], before.stats.get(model, {})
         ok, failed = _answered(stats)
@@ -104,17 +114,38 @@ def model_table(before: Snapshot, now: Snapshot) -> Table:
             if finished_at >= now.now - LATENCY_WINDOW_S
         ]
         p50, p99 = _percentiles(recent)
-        table.add_row(
-            model,
-            str(depth),
-            _figure(_per_s(stats.get("accepted", 0), old.get("accepted", 0), elapsed_s)),
-            _figure(done / elapsed_s if elapsed_s > 0 else 0.0),
-            _mean_batch(model, before, now),
-            p50,
-            p99,
-            f"{max(0, failed - old_failed) / done:.0%}" if done else "-",
+        rows.append(
+            {
+                "model": model,
+                "queue": str(depth),
+                "in/s": _figure(
+                    _per_s(stats.get("accepted", 0), old.get("accepted", 0), elapsed_s)
+                ),
+                "out/s": _figure(done / elapsed_s if elapsed_s > 0 else 0.0),
+                "batch": _mean_batch(model, before, now),
+                "p50": p50,
+                "p99": p99,
+                "err": f"{max(0, failed - old_failed) / done:.0%}" if done else "-",
+            }
         )
-    return table
+    return rows
+
+
+def model_tables(before: Snapshot, now: Snapshot, width: int) -> list[Table]:
+    """The models' view: one table, or on a terminal narrower than ``WIDE_MODEL_TABLE``
+    columns two (traffic, then latency), so that no column is cut off."""
+    rows = model_rows(before, now)
+    if width >= WIDE_MODEL_TABLE:
+        layouts: list[tuple[str, tuple[str, ...]]] = [("models (latency in ms)", MODEL_COLUMNS)]
+    else:
+        layouts = list(zip(("models", "latency (ms)"), NARROW_SPLIT, strict=True))
+    tables = []
+    for title, columns in layouts:
+        table = _table(title, columns)
+        for row in rows:
+            table.add_row(*(row[column] for column in columns))
+        tables.append(table)
+    return tables
 
 
 def _figure(value: float) -> str:
@@ -130,15 +161,16 @@ def _percentiles(latencies_s: list[float]) -> tuple[str, str]:
 
 
 def _mean_batch(model: str, before: Snapshot, now: Snapshot) -> str:
-    """Requests per model call over the refresh, across the workers serving ``model``."""
-    requests = batches = 0
-    for hostname, status in now.nodes.items():
-        if model not in status.get("models", "").split(","):
-            continue
-        old = before.nodes.get(hostname, {})
-        requests += int(status.get("requests", 0)) - int(old.get("requests", 0))
-        batches += int(status.get("batches", 0)) - int(old.get("batches", 0))
-    return f"{requests / batches:.1f}" if batches > 0 else "-"
+    """Requests per call of ``model`` over the refresh, across the workers serving it."""
+
+    def change(field: str) -> int:
+        return sum(
+            int(status.get(field, 0)) - int(before.nodes.get(hostname, {}).get(field, 0))
+            for hostname, status in now.nodes.items()
+        )
+
+    batches = change(f"batches:{model}")
+    return f"{change(f'requests:{model}') / batches:.1f}" if batches > 0 else "-"
 
 
 def worker_table(before: Snapshot, now: Snapshot) -> Table:
@@ -232,7 +264,7 @@ def run_top(
                 before = history[0]
                 history.append(now)
                 parts: list[RenderableType] = [
-                    model_table(before, now),
+                    *model_tables(before, now, console.width),
                     worker_table(before, now),
                 ]
                 if price_per_hour is not None:

@@ -141,13 +141,14 @@ def test_each_worker_beat_publishes_its_status_and_marks_its_device_alive(
     """What `batchfleet top` reads: the worker's GPU figures and work done, kept for three
     heartbeats; and its device consumer, alive as long."""
     runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, gpu=0)
-    runtime.work.add(requests=8, model_s=0.25, finished_at=1000.0)
+    runtime.work.add("synthetic", requests=8, model_s=0.25, finished_at=1000.0)
     runtime.beat()
     published = fake_redis.hgetall(KEYS.node("gpu0@h"))
     assert published[b"gpu_temperature_c"] == b"61.0"
     assert published[b"gpu_power_w"] == b"412.5"
     assert published[b"models"] == b"synthetic"
     assert (published[b"batches"], published[b"requests"]) == (b"1", b"8")
+    assert (published[b"batches:synthetic"], published[b"requests:synthetic"]) == (b"1", b"8")
     assert float(published[b"busy_s"]) == 0.25
     assert 0 < fake_redis.pttl(KEYS.node("gpu0@h")) <= 3000
     assert fake_redis.zscore(KEYS.devices(), runtime.device_consumer) is not None
