@@ -18,6 +18,7 @@ from typing import Literal
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from config.connection import connect
+from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
 from workers.capacity import FleetState, GpuClaim, claim_gpu, slots_of
@@ -111,6 +112,22 @@ class Heartbeat:
         os._exit(EXIT_STUCK)
 
 
+def require_gpu(index: int) -> None:
+    """Refuses a GPU this machine does not have, instead of running on the CPU as if pinned.
+
+    Raises:
+        ConfigError: naming how many GPUs NVML finds.
+    """
+    found = gpu_count()
+    if not 0 <= index < found:
+        where = (
+            "NVML finds no GPU on this machine (no NVIDIA driver or GPU): use --cpu"
+            if found == 0
+            else f"this machine has {found} GPU(s), numbered 0 to {found - 1}"
+        )
+        raise ConfigError(f"--gpu {index}: {where}")
+
+
 def run_worker(
     settings: Settings,
     models: Sequence[str],
@@ -129,6 +146,8 @@ def run_worker(
         gpu = claim_gpu(connect(settings), keys, uuids, owner, settings.worker.heartbeat_ttl_s)
         claim = GpuClaim(keys.gpu_claim(uuids[gpu]), owner)
         log.info("--gpu auto: claimed GPU %d (%s)", gpu, uuids[gpu])
+    if gpu is not None:
+        require_gpu(gpu)
     device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
     # The next batch's thread must take the device the moment it frees, not when the
     # finishing thread's 5 ms GIL slice ends.

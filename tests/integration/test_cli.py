@@ -13,6 +13,7 @@ import redis
 from config.errors import RedisAccessDenied
 from config.settings import load_settings
 from producer.client import Producer
+from workers.gpu import gpu_count
 from workers.local_redis import LocalRedis
 
 
@@ -96,3 +97,15 @@ def test_a_wrong_redis_password_says_authentication_failed_not_unavailable() -> 
         .startswith("batchfleet: error: Redis authentication failed")
     )
     assert "wrong-password" not in done.stderr + str(refused.value)
+
+
+def test_a_gpu_the_machine_does_not_have_is_refused(redis_server: LocalRedis) -> None:
+    """``worker --gpu N`` past the GPUs NVML finds (any N on a machine without one) stops
+    with one clear line, instead of joining the fleet on the CPU as if pinned."""
+    missing = gpu_count()
+    done = run_cli(
+        "worker", "--gpu", str(missing), env={"BATCHFLEET_REDIS_URL": redis_server.url}, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"batchfleet: error: --gpu {missing}: ")
+    assert "loaded" not in done.stderr
