@@ -192,6 +192,7 @@ return 'cancelled'
 """
 
 SUBMIT_CHUNK = 256
+SHOWN_CHARS = 40
 # A stream's caller waits for its first chunk until the request's deadline and this long
 # after; once chunks flow, it gives up when none comes for STREAM_STALL_S.
 STREAM_GRACE_S = 5.0
@@ -216,6 +217,16 @@ class Prepared:
     @property
     def request(self) -> Request:
         return Request.decode(self.encoded)
+
+
+def abbreviated(value: object) -> str:
+    """``value``'s repr for an error message, its first ``SHOWN_CHARS`` characters and its
+    length when longer (a 100,000-character id is not repeated back)."""
+    shown = repr(value)
+    if len(shown) <= SHOWN_CHARS:
+        return shown
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{shown[:SHOWN_CHARS]}…{size}"
 
 
 class ProducerCore:
@@ -346,7 +357,7 @@ class ProducerCore:
         if not is_valid_request_id(request_id):
             raise InvalidInput(
                 f"request_id must be 1-{MAX_REQUEST_ID_LEN} printable characters without spaces,"
-                f" got {request_id!r}"
+                f" got {abbreviated(request_id)}"
             )
         return request_id
 

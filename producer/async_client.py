@@ -189,6 +189,11 @@ class AsyncProducer:
                     await self._client.hincrby(*counter, 1)
             raise
 
+    async def validate(self, model: str, input: Any) -> None:
+        """Checks, without enqueuing, that ``input`` would be accepted for ``model``; see
+        ``Producer.validate``."""
+        self._core.prepare(model, input)
+
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:
         """Awaits one request's output; see ``Producer.result``."""
         async for result in self.results([request_id], timeout_s=timeout_s):

@@ -53,6 +53,10 @@ def make_celery_app(settings: Settings) -> Celery:
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         task_default_queue=keys.celery_queue(next(iter(settings.models))),
+        # Events and remote control under the fleet's prefix, as its queues are: fleets that
+        # share a Redis neither see each other's workers nor leave bindings in common keys.
+        event_exchange=f"{settings.key_prefix}.celeryev",
+        control_exchange=settings.key_prefix,
         task_create_missing_queues=True,
     )
     return app

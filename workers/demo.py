@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 
 from config.errors import ConfigError
 from workers.bench import BenchConfig, saturation_run
@@ -28,9 +29,12 @@ def run_demo(requests: int = 2000, baseline: int = 2000, backend: str = "synthet
         if backend == "synthetic"
         else f"{MODEL_NAME} sentence embeddings on this machine's CPU"
     )
-    print(
-        f"batchfleet demo: a private Redis, a batcher and one worker; {model}, one batch at a time"
+    where = (
+        "the Redis of BATCHFLEET_REDIS_URL (under a fresh key prefix, deleted after)"
+        if os.environ.get("BATCHFLEET_REDIS_URL")
+        else "a private Redis"
     )
+    print(f"batchfleet demo: {where}, a batcher and one worker; {model}, one batch at a time")
     make_input = inputs_for(backend)
     with private_fleet(config.models()) as fleet:
         print(

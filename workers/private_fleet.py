@@ -15,6 +15,7 @@ import redis
 from config.errors import BatchfleetError
 from config.settings import Settings, load_settings
 from producer.client import Producer
+from workers.entries import to_text
 from workers.local_fleet import LocalFleet
 from workers.local_redis import LocalRedis
 
@@ -83,12 +84,28 @@ def wait_until_serving(settings: Settings, processes: LocalFleet) -> None:
             raise BatchfleetError(f"the fleet did not start: {exc}") from exc
 
 
+KOMBU_BINDING_DEADLINES = "_kombu.binding_deadlines"
+
+
 def forget_keys(url: str, prefix: str) -> None:
-    """Deletes a run's keys (requests, results, Celery queues) from Redis."""
+    """Deletes a run's keys from Redis: requests, results, and what Celery's transport keeps
+    for its queues, events and remote control (exchanges named after the prefix), including
+    the run's exchanges in the transport's one shared key."""
+    exchanges = (f"{prefix}.", f"reply.{prefix}.")
+    patterns = [f"{prefix}:*", f"{prefix}.*"]
+    patterns += [
+        f"_kombu.{table}.{exchange}*"
+        for table in ("binding", "binding_permanent")
+        for exchange in exchanges
+    ]
     client = redis.Redis.from_url(url)
     try:
-        for pattern in (f"{prefix}:*", f"{prefix}.*", f"_kombu.binding.{prefix}.*"):
+        for pattern in patterns:
             for key in client.scan_iter(match=pattern, count=1000):
                 client.delete(key)
+        members: list[bytes] = client.zrange(KOMBU_BINDING_DEADLINES, 0, -1)  # type: ignore[assignment]
+        ours = [member for member in members if to_text(member).startswith(exchanges)]
+        if ours:
+            client.zrem(KOMBU_BINDING_DEADLINES, *ours)
     finally:
         client.close()

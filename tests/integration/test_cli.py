@@ -109,3 +109,19 @@ def test_a_gpu_the_machine_does_not_have_is_refused(redis_server: LocalRedis) ->
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"batchfleet: error: --gpu {missing}: ")
     assert "loaded" not in done.stderr
+
+
+def test_the_demo_on_your_redis_says_so_and_leaves_only_your_keys() -> None:
+    """With BATCHFLEET_REDIS_URL set, the demo names that Redis (not "a private Redis") and
+    deletes every key it made there, Celery's transport keys included."""
+    with LocalRedis() as server, redis.Redis.from_url(server.url) as client:
+        client.set("yours", "kept")
+        done = run_cli(
+            "demo", "--requests", "50", "--baseline", "10", env={"BATCHFLEET_REDIS_URL": server.url}
+        )
+        left = sorted(key.decode() for key in client.keys("*"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "the Redis of BATCHFLEET_REDIS_URL" in done.stdout and "a private Redis" not in done.stdout
+    )
+    assert left == ["yours"]

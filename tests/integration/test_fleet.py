@@ -6,6 +6,8 @@ import asyncio
 import socket
 from collections.abc import Callable
 
+import pytest
+
 from producer.async_client import AsyncProducer
 from workers.gpu import gpu_count
 from workers.local_fleet import LocalFleet
@@ -97,9 +99,9 @@ def test_two_workers_share_the_load(make_fleet: Callable[..., LocalFleet]) -> No
     assert {result.worker for result in results} == {"one@test", "two@test"}
 
 
+@pytest.mark.skipif(gpu_count() == 0, reason="needs an NVIDIA GPU (refused without one)")
 def test_worker_pinned_to_a_gpu_is_named_after_it(make_fleet: Callable[..., LocalFleet]) -> None:
-    """`batchfleet worker --gpu 0` runs as node gpu0@host and serves batches (on a machine
-    without GPUs the synthetic model does not touch the device)."""
+    """`batchfleet worker --gpu 0` runs as node gpu0@host and serves batches."""
     fleet = make_fleet()
     fleet.start("batcher")
     fleet.start("worker", "--gpu", "0")

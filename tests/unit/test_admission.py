@@ -86,6 +86,14 @@ def test_malformed_request_ids_are_refused(producer: Producer, request_id: str) 
         producer.submit("synthetic", 1, request_id=request_id)
 
 
+def test_an_over_long_request_id_is_refused_without_repeating_it(producer: Producer) -> None:
+    """The error shows the id's start and its length, not 100,000 characters."""
+    with pytest.raises(InvalidInput) as refused:
+        producer.submit("synthetic", "x", request_id="x" * 100_000)
+    message = str(refused.value)
+    assert len(message) < 200 and "(100000 characters)" in message, message
+
+
 def test_resubmitting_an_id_does_not_enqueue_twice(
     producer: Producer, fake_redis: fakeredis.FakeRedis
 ) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import threading
 import types
@@ -17,6 +19,7 @@ from config.settings import Settings
 from workers.capacity import GpuClaim, claim_gpu
 from workers.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
 from workers.tasks import EXIT_GPU_LOST, WorkerRuntime
+from workers.worker_main import worker_hostname
 
 KEYS = Keys("bf")
 
@@ -193,3 +196,10 @@ def test_a_worker_beat_renews_its_gpu_claim_and_exits_if_another_took_it(
 def test_gpu_auto_without_a_gpu_is_a_clear_error(fake_redis: fakeredis.FakeRedis) -> None:
     with pytest.raises(ConfigError, match="finds no GPU"):
         claim_gpu(fake_redis, KEYS, [], "replica-1", ttl_s=3)
+
+
+def test_a_pinned_worker_is_named_after_its_gpu_and_host() -> None:
+    """The node name says which GPU of which host: gpu0@host (cpu-PID@host without one)."""
+    host = socket.gethostname()
+    assert worker_hostname(0) == f"gpu0@{host}"
+    assert worker_hostname(None) == f"cpu-{os.getpid()}@{host}"
