@@ -4,6 +4,7 @@ prefix per test, and real batcher and Celery worker processes started through th
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,6 +69,13 @@ def make_fleet(fleet_env: FleetEnv) -> Iterator[Callable[..., LocalFleet]]:
     yield make
     for fleet in fleets:
         fleet.close()
+
+
+def takes_ctrl_c() -> None:
+    """A ``preexec_fn`` for a child that a test stops with Ctrl-C (SIGINT): the child takes it
+    as a terminal user's, also when this run inherited SIGINT ignored (as a background job
+    of a shell script does, and its children after it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def producer_for(fleet: LocalFleet) -> Producer:

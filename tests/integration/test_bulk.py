@@ -19,7 +19,7 @@ from config.keys import Keys
 from workers.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 
-from .conftest import producer_for, settings_for, wait_ready
+from .conftest import producer_for, settings_for, takes_ctrl_c, wait_ready
 from .test_cli import row, run_cli
 
 
@@ -106,7 +106,9 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice
     )
     command = [sys.executable, "-m", "workers.cli", "submit", str(source)]
     command += ["--model", "synthetic", "-o", str(output), "--window", "64"]
-    first = subprocess.Popen(command, env=fleet.env, stdout=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        command, env=fleet.env, stdout=subprocess.PIPE, text=True, preexec_fn=takes_ctrl_c
+    )
     try:
         give_up = time.monotonic() + 60
         while not output.exists() or len(output.read_text().splitlines()) < 40:

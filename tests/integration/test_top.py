@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from workers.local_fleet import LocalFleet
 
-from .conftest import producer_for, wait_ready
+from .conftest import producer_for, takes_ctrl_c, wait_ready
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 COLUMNS = 60
@@ -123,6 +123,7 @@ def test_top_shows_the_live_fleet_on_a_narrow_terminal_and_leaves_on_ctrl_c(
             stdout=terminal,
             stderr=terminal,
             env=env,
+            preexec_fn=takes_ctrl_c,
         )
         os.close(terminal)
         screen = Terminal(main)
