@@ -58,10 +58,16 @@ class RedisAccessDenied(BatchfleetError):
 
 
 class RequestRejected(BatchfleetError):
-    """Raised when a request is refused at submit; nothing was enqueued. ``reason`` names
-    the refusal in metrics."""
+    """Raised when a request is refused at submit; nothing of the refused call (of its chunk,
+    for a ``submit_many`` of more than 256) was enqueued. ``reason`` names the refusal in
+    metrics; ``accepted_ids`` lists what a ``submit_many`` call enqueued in earlier chunks
+    before the refused one: those requests will be answered."""
 
     reason = "rejected"
+
+    def __init__(self, message: str, accepted_ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.accepted_ids = accepted_ids or []
 
 
 class UnknownModel(RequestRejected):
@@ -89,23 +95,25 @@ class DeadlinePassed(RequestRejected):
 
 
 class QueueFull(RequestRejected):
-    """Raised when the model's queue holds max_queue_len requests.
-
-    ``accepted_ids`` lists what a ``submit_many`` call did enqueue before and around the
-    refusal: those requests will be answered.
-    """
+    """Raised when the model's queue has no room for the requests submitted."""
 
     reason = "queue_full"
 
-    def __init__(self, message: str, accepted_ids: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.accepted_ids = accepted_ids or []
-
 
 class RequestIdConflict(RequestRejected):
-    """Raised when a request id is reused with a different model or input."""
+    """Raised when a request id is reused with a different model or input;
+    ``conflicting_ids`` lists the ids refused for it."""
 
     reason = "id_conflict"
+
+    def __init__(
+        self,
+        message: str,
+        accepted_ids: list[str] | None = None,
+        conflicting_ids: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, accepted_ids)
+        self.conflicting_ids = conflicting_ids or []
 
 
 class RequestFailed(BatchfleetError):

@@ -48,10 +48,12 @@ log = logging.getLogger(__name__)
 
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 
-# Admits a chunk of requests for one model, atomically: each id is deduplicated by its record,
-# an input the model's response cache holds (for its current version) is answered at once
-# without entering the queue, the queue cap is checked per request, and accepted requests are
-# appended to the stream.
+# Admits a chunk of requests for one model, all or nothing: when one id is reused with another
+# input, or the queue has no room for every new request, nothing of the chunk is written and
+# the refused ones say why ('conflict', 'full'; the others 'withheld'). Otherwise each id is
+# deduplicated by its record, an input the model's response cache holds (for its current
+# version) is answered at once without entering the queue, and the rest are appended to the
+# stream.
 # A request's record holds ``digest:entry id:model`` while it is queued (``digest`` alone for
 # a cache hit): the digest makes resubmission idempotent, the entry lets ``cancel`` find it.
 # KEYS: stream, model's stats hash, model's version key, then per request: its record, its
@@ -60,53 +62,56 @@ MAX_DEADLINE_S = 7 * 24 * 3600.0
 #       digest, request json, record ttl ms, cached result's JSON head, result ttl ms; last,
 #       the model's name
 ADMIT_SCRIPT = """
-local statuses = {}
-local counts = {accepted = 0, ['refused:queue_full'] = 0, ['refused:id_conflict'] = 0,
-                ['cache:hit'] = 0, ['cache:miss'] = 0}
-local queued = redis.call('XLEN', KEYS[1])
-local cap = tonumber(ARGV[1])
+local statuses, hits = {}, {}
+local conflicts, fresh = 0, 0
 local version = false
 if ARGV[3] ~= '' then version = redis.call('GET', KEYS[3]) end
 for i = 4, #KEYS, 2 do
   local n = (i - 4) / 2
-  local at = 4 + n * 5
-  local status
-  local cached = false
+  local digest = ARGV[4 + n * 5]
   local record = redis.call('GET', KEYS[i])
   if record then
-    if string.sub(record, 1, #ARGV[at]) == ARGV[at] then status = 'duplicate'
-    else status = 'conflict' end
+    if string.sub(record, 1, #digest) == digest then statuses[n + 1] = 'duplicate'
+    else statuses[n + 1] = 'conflict'; conflicts = conflicts + 1 end
   else
-    if version then
-      cached = redis.call('GET', ARGV[3] .. version .. ':' .. ARGV[at])
-      if cached then counts['cache:hit'] = counts['cache:hit'] + 1
-      else counts['cache:miss'] = counts['cache:miss'] + 1 end
-    end
-    if cached then
-      redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 4])
-      redis.call('SET', KEYS[i + 1],
-        ARGV[at + 3] .. cjson.encode(version) .. ',"output":' .. cached .. '}',
-        'PX', ARGV[at + 4])
-      status = 'cached'
-    elseif queued >= cap then
-      status = 'full'
-    else
-      local entry = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
-      redis.call('SET', KEYS[i], ARGV[at] .. ':' .. entry .. ':' .. ARGV[#ARGV], 'PX',
-        ARGV[at + 2])
-      queued = queued + 1
-      status = 'accepted'
-    end
-  end
-  statuses[n + 1] = status
-  if status == 'accepted' then counts.accepted = counts.accepted + 1
-  elseif status == 'full' then counts['refused:queue_full'] = counts['refused:queue_full'] + 1
-  elseif status == 'conflict' then counts['refused:id_conflict'] = counts['refused:id_conflict'] + 1
+    if version then hits[n + 1] = redis.call('GET', ARGV[3] .. version .. ':' .. digest) end
+    if hits[n + 1] then statuses[n + 1] = 'cached'
+    else statuses[n + 1] = 'new'; fresh = fresh + 1 end
   end
 end
-for field, count in pairs(counts) do
-  if count > 0 then redis.call('HINCRBY', KEYS[2], field, count) end
+local refused = false
+if conflicts > 0 then
+  refused = 'conflict'
+  redis.call('HINCRBY', KEYS[2], 'refused:id_conflict', conflicts)
+elseif fresh > 0 and redis.call('XLEN', KEYS[1]) + fresh > tonumber(ARGV[1]) then
+  refused = 'full'
+  redis.call('HINCRBY', KEYS[2], 'refused:queue_full', fresh)
 end
+if refused then
+  for n, status in ipairs(statuses) do
+    if status == 'new' and refused == 'full' then statuses[n] = 'full'
+    elseif status == 'new' or status == 'cached' then statuses[n] = 'withheld' end
+  end
+  return statuses
+end
+local accepted, cached = 0, 0
+for n, status in ipairs(statuses) do
+  local i, at = 4 + (n - 1) * 2, 4 + (n - 1) * 5
+  if status == 'cached' then
+    redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 4])
+    redis.call('SET', KEYS[i + 1],
+      ARGV[at + 3] .. cjson.encode(version) .. ',"output":' .. hits[n] .. '}', 'PX', ARGV[at + 4])
+    cached = cached + 1
+  elseif status == 'new' then
+    local entry = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
+    redis.call('SET', KEYS[i], ARGV[at] .. ':' .. entry .. ':' .. ARGV[#ARGV], 'PX', ARGV[at + 2])
+    statuses[n] = 'accepted'
+    accepted = accepted + 1
+  end
+end
+if accepted > 0 then redis.call('HINCRBY', KEYS[2], 'accepted', accepted) end
+if version and cached > 0 then redis.call('HINCRBY', KEYS[2], 'cache:hit', cached) end
+if version and accepted > 0 then redis.call('HINCRBY', KEYS[2], 'cache:miss', accepted) end
 return statuses
 """
 
@@ -380,25 +385,36 @@ class ProducerCore:
             )
         raise InvalidInput(f"unexpected admission reply {status!r}")
 
-    def check_chunk(
-        self, chunk: Sequence[Prepared], replies: Sequence[Any]
-    ) -> tuple[list[str], QueueFull | None]:
-        """The ids a chunk's replies accepted, and the first QueueFull refusal if any (later
-        items may still be accepted: workers free room while a chunk runs).
+    def check_chunk(self, chunk: Sequence[Prepared], replies: Sequence[Any]) -> list[str]:
+        """The ids of a chunk the admission script took (all of them), or its refusal.
 
         Raises:
-            RequestIdConflict: an id was reused with another input.
+            RequestIdConflict: an id was reused with another input (``conflicting_ids``);
+                nothing of the chunk was enqueued.
+            QueueFull: the queue had no room for every new request of the chunk; nothing of
+                it was enqueued.
         """
-        accepted: list[str] = []
-        refusal: QueueFull | None = None
+        statuses = [reply.decode() if isinstance(reply, bytes) else reply for reply in replies]
+        conflicting = [
+            item.request_id
+            for item, status in zip(chunk, statuses, strict=True)
+            if status == "conflict"
+        ]
+        if conflicting:
+            raise RequestIdConflict(
+                f"{len(conflicting)} request id(s) already used with another model or input,"
+                f" e.g. {abbreviated(conflicting[0])}; nothing of these {len(chunk)} was enqueued",
+                conflicting_ids=conflicting,
+            )
+        if "full" in statuses:
+            model = chunk[0].model
+            raise QueueFull(
+                f"queue of model {model!r} has no room for {statuses.count('full')} more"
+                f" requests; nothing of these {len(chunk)} was enqueued"
+            )
         for item, reply in zip(chunk, replies, strict=True):
-            try:
-                self.check_admission(item, reply)
-            except QueueFull as exc:
-                refusal = refusal or exc
-                continue
-            accepted.append(item.request_id)
-        return accepted, refusal
+            self.check_admission(item, reply)
+        return [item.request_id for item in chunk]
 
     def watch_call(self, request_id: str) -> tuple[list[str], list[str]]:
         """The keys and args of the watch script for ``request_id``."""

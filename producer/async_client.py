@@ -169,12 +169,13 @@ class AsyncProducer:
             keys, args = self._core.admit_call(chunk)
             with broker_errors():
                 replies = await self._admit(keys=keys, args=args)
-            ids, refusal = self._core.check_chunk(chunk, replies)
+            try:
+                ids = self._core.check_chunk(chunk, replies)
+            except RequestRejected as refusal:
+                refusal.accepted_ids = accepted
+                raise
             self._core.submitted(ids)
             accepted.extend(ids)
-            if refusal is not None:
-                refusal.accepted_ids = accepted
-                raise refusal
         return accepted
 
     async def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:

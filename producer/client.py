@@ -169,12 +169,15 @@ class Producer:
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk of 256, and returns their ids.
 
-        Every input is validated before any is enqueued. With ``request_ids`` (one per input)
-        the ids are yours: resubmitting one with the same input does not run it twice.
+        Every input is validated before any is enqueued, and each chunk is admitted whole or
+        not at all. With ``request_ids`` (one per input) the ids are yours: resubmitting one
+        with the same input does not run it twice.
 
         Raises:
-            QueueFull: the queue filled part way; ``accepted_ids`` lists the ids enqueued.
-            RequestRejected: (another subclass) an input was refused; nothing was enqueued.
+            RequestRejected: (a subclass) refused; nothing of the refused chunk was enqueued,
+                and ``accepted_ids`` lists exactly the ids of earlier chunks that were (none
+                for a call of at most 256). ``RequestIdConflict.conflicting_ids`` names the
+                reused ids; ``QueueFull`` means no room for the whole chunk.
             BrokerUnavailable: Redis cannot be reached.
         """
         prepared = self._prepare(
@@ -185,12 +188,13 @@ class Producer:
             keys, args = self._core.admit_call(chunk)
             with broker_errors():
                 replies = self._admit(keys=keys, args=args)
-            ids, refusal = self._core.check_chunk(chunk, replies)
+            try:
+                ids = self._core.check_chunk(chunk, replies)
+            except RequestRejected as refusal:
+                refusal.accepted_ids = accepted
+                raise
             self._core.submitted(ids)
             accepted.extend(ids)
-            if refusal is not None:
-                refusal.accepted_ids = accepted
-                raise refusal
         return accepted
 
     def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:

@@ -256,29 +256,15 @@ class BulkJob:
                 accepted = full.accepted_ids
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, QUEUE_FULL_BACKOFF_S[1])
-            except RequestIdConflict:
-                accepted = self._submit_one_by_one(pending)
+            except RequestIdConflict as conflict:
+                accepted = conflict.accepted_ids
+                for request_id in conflict.conflicting_ids:
+                    line = pending.pop(request_id)
+                    message = f"custom_id {line.custom_id!r} was sent before with another input"
+                    self._write_error(line.custom_id, line.number, conflict.reason, message)
             for request_id in accepted:
                 sent[request_id] = (pending.pop(request_id), now)
         return sent
-
-    def _submit_one_by_one(self, pending: dict[str, Line]) -> list[str]:
-        """Sorts out which lines reuse a custom_id sent before with another input (an error
-        each); the ids of the others, enqueued."""
-        accepted = []
-        for request_id, line in list(pending.items()):
-            try:
-                self._producer.submit(
-                    self._model, line.input, request_id=request_id, deadline_s=self._deadline_s
-                )
-            except RequestIdConflict as conflict:
-                del pending[request_id]
-                self._write_error(line.custom_id, line.number, conflict.reason, str(conflict))
-                continue
-            except QueueFull:
-                break
-            accepted.append(request_id)
-        return accepted
 
     def _collect(self, wave: dict[str, tuple[Line, float]], on_answer: Any) -> None:
         for result in self._producer.results(list(wave)):

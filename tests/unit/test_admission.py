@@ -21,6 +21,8 @@ from config.errors import (
     UnknownRequest,
 )
 from config.keys import Keys
+from config.settings import ModelPolicy, Settings
+from producer.admission import SUBMIT_CHUNK
 from producer.client import Producer
 
 STREAM = Keys("bf").requests("synthetic")
@@ -106,16 +108,48 @@ def test_resubmitting_an_id_does_not_enqueue_twice(
     assert queued(fake_redis) == 1
 
 
-def test_full_queue_refuses_fast_and_reports_what_was_accepted(
+def test_a_call_the_queue_has_no_room_for_enqueues_nothing(
     producer: Producer, fake_redis: fakeredis.FakeRedis
 ) -> None:
-    """At max_queue_len the queue refuses with QueueFull; earlier ids of the call are kept."""
-    with pytest.raises(QueueFull) as caught:
-        producer.submit_many("synthetic", list(range(15)))
-    assert len(caught.value.accepted_ids) == 10
-    assert queued(fake_redis) == 10
+    """A submit_many that does not fit under max_queue_len (10) is refused whole: a caller
+    who sends it again later runs nothing twice."""
+    producer.submit_many("synthetic", list(range(4)))
+    with pytest.raises(QueueFull, match="nothing of these 7 was enqueued") as caught:
+        producer.submit_many("synthetic", list(range(7)))
+    assert caught.value.accepted_ids == []
+    assert queued(fake_redis) == 4
+    assert len(producer.submit_many("synthetic", list(range(6)))) == 6
     with pytest.raises(QueueFull):
         producer.submit("synthetic", "one more")
+
+
+def test_an_id_conflict_in_a_call_enqueues_nothing_and_names_the_reused_ids(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """One reused id refuses the whole call: the new id beside it is not enqueued."""
+    producer.submit("synthetic", "first", request_id="dup-1")
+    with pytest.raises(RequestIdConflict) as caught:
+        producer.submit_many("synthetic", ["other", "new"], request_ids=["dup-1", "new-1"])
+    assert caught.value.conflicting_ids == ["dup-1"] and caught.value.accepted_ids == []
+    assert queued(fake_redis) == 1
+    assert fake_redis.get(Keys("bf").request("new-1")) is None
+    assert int(fake_redis.hget(Keys("bf").stats("synthetic"), "refused:id_conflict")) == 1
+
+
+def test_a_refusal_past_the_first_chunk_lists_exactly_what_earlier_chunks_enqueued(
+    settings: Settings, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Calls past 256 inputs go in chunks, each whole or not at all: the error of a refused
+    later chunk lists the ids the earlier chunks enqueued, and only those are queued."""
+    roomy = settings.model_copy(
+        update={"models": {"synthetic": ModelPolicy(max_queue_len=300, max_input_bytes=1000)}}
+    )
+    producer = Producer(roomy, client=fake_redis, listen_client=fake_redis)
+    ids = [f"r{n}" for n in range(600)]
+    with pytest.raises(QueueFull) as caught:
+        producer.submit_many("synthetic", list(range(600)), request_ids=ids)
+    assert caught.value.accepted_ids == ids[:SUBMIT_CHUNK]
+    assert queued(fake_redis) == SUBMIT_CHUNK
 
 
 def test_submit_many_validates_everything_before_enqueuing(
