@@ -106,25 +106,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from producer.client import Producer
-    from workers.bulk import print_summary, submit_file
+    from workers.bulk import JobOptions, print_summary, submit_file
+    from workers.bulk_files import default_job_id
     from workers.models.registry import token_counter
 
     settings = load_settings()
     (model,) = _models(settings, [args.model])
     price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
+    source, output = Path(args.file), Path(args.output)
+    options = JobOptions(
+        job_id=args.job_id or default_job_id(source, output),
+        window=args.window,
+        deadline_s=args.deadline,
+        count_tokens=token_counter(settings.policy(model)) if price else None,
+    )
     with Producer(settings) as producer:
         report = submit_file(
             producer,
             model,
-            Path(args.file),
-            Path(args.output),
+            source,
+            output,
             Path(args.errors) if args.errors else None,
-            window=args.window,
-            count_tokens=token_counter(settings.policy(model)) if price else None,
-            deadline_s=args.deadline,
+            options=options,
         )
-    print_summary(report, model, args.file, price)
-    return 130 if report.interrupted else 0
+    print_summary(report, model, args.file, options.job_id, price)
+    if report.interrupted:
+        return 130
+    return 1 if report.errors or report.errors_earlier else 0
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
@@ -232,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--model", required=True)
     submit.add_argument("-o", "--output", required=True, help="answers, appended as they come")
     submit.add_argument("--errors", help="error lines (default: OUTPUT with .errors.jsonl)")
+    submit.add_argument(
+        "--job-id",
+        help="the job the custom_ids belong to (default: this file into this output, so that "
+        "a rerun resumes); another job may reuse the custom_ids for other inputs",
+    )
     submit.add_argument(
         "--window", type=positive_int, default=2048, help="lines in flight per wave"
     )

@@ -71,7 +71,8 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
         "2",
         env=fleet.env,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "4 lines of the job ended in an error" in done.stdout
 
     answers = {record["custom_id"]: record["output"] for record in read_jsonl(output)}
     expected = {r["custom_id"]: expected_output(r["input"]) for r in plain}
@@ -83,13 +84,59 @@ def test_a_file_of_both_formats_is_answered_line_by_line_and_bad_lines_are_repor
         (151, None, "invalid_line"),
         (153, None, "invalid_line"),
         (154, "big", "too_large"),
-        (155, None, "duplicate_custom_id"),
+        (155, "p3", "duplicate_custom_id"),
     ]
     summary = "400 answered, 4 errors (duplicate_custom_id 1, invalid_line 2, too_large 1), 0"
-    assert summary in done.stdout
+    assert summary in done.stdout and "1 blank lines" in done.stdout
     report = next(line for line in done.stdout.splitlines() if line.startswith("synthetic"))
     assert row(report)["done"] == "400/400"
     assert "at 2/GPU-hour: " in done.stdout and "per 1,000 requests" in done.stdout
+
+
+def test_two_jobs_may_use_the_same_custom_ids_and_a_rerun_reports_nothing_twice(
+    make_fleet: Callable[..., LocalFleet], tmp_path: Path
+) -> None:
+    """custom_ids belong to their job (as in OpenAI's Batch API): a second file with the same
+    ids and other inputs is answered in full; rerunning a job with a bad line skips all and
+    appends no error again, and still exits 1 for the job's error."""
+    fleet = start_fleet(make_fleet)
+    small, edited = tmp_path / "small.jsonl", tmp_path / "small_edit.jsonl"
+    small.write_text(
+        "".join(json.dumps({"custom_id": str(n), "input": n}) + "\n" for n in range(50))
+    )
+    edited.write_text(
+        "".join(json.dumps({"custom_id": str(n), "input": f"edit {n}"}) + "\n" for n in range(50))
+        + "{not json\n"
+    )
+    first = run_cli(
+        "submit", str(small), "--model", "synthetic", "-o", str(tmp_path / "a.jsonl"), env=fleet.env
+    )
+    second = run_cli(
+        "submit",
+        str(edited),
+        "--model",
+        "synthetic",
+        "-o",
+        str(tmp_path / "b.jsonl"),
+        env=fleet.env,
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert {r["custom_id"]: r["output"] for r in read_jsonl(tmp_path / "b.jsonl")} == {
+        str(n): expected_output(f"edit {n}") for n in range(50)
+    }
+    again = run_cli(
+        "submit",
+        str(edited),
+        "--model",
+        "synthetic",
+        "-o",
+        str(tmp_path / "b.jsonl"),
+        env=fleet.env,
+    )
+    assert again.returncode == 1 and "51 skipped" in again.stdout, again.stdout
+    assert len(read_jsonl(tmp_path / "b.errors.jsonl")) == 1
+    assert fleet_stats(fleet).get("refused:id_conflict", 0) == 0
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice(
