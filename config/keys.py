@@ -29,6 +29,9 @@ key                         type    writer                    reader            
 ``bf:node:{hostname}``      hash    worker (heartbeat)        top, the operator  3 heartbeats
 ``bf:gpuclaim:{gpu uuid}``  string  worker (--gpu auto)       worker             3 heartbeats
 ``bf:m:{model}:version``    string  worker (model load)       producer           none
+``bf:policies``             hash    batcher (start)           producer           none
+                            model→
+                            policy
 ``bf:c:{model}:{version}:`` string  worker (answer written)   producer           cache_ttl_s
 ``{digest}``                output
 ``bf:m:{model}:stream_lane`` stream producer (stream)       worker (streamers) entries XDEL'd
@@ -141,6 +144,11 @@ class Keys:
     def chunks(self, request_id: str) -> str:
         """A streaming request's chunks, in order, for its caller to read."""
         return f"{self.prefix}:chunks:{request_id}"
+
+    def policies(self) -> str:
+        """The fleet's model policies (model → ``ModelPolicy`` JSON), as its batchers serve
+        them: producers follow these over their own configuration."""
+        return f"{self.prefix}:policies"
 
     def model_time(self, model: str) -> str:
         """The model's measured time per batch-size bucket (power of two → seconds)."""

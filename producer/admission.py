@@ -42,7 +42,8 @@ from config.schema import (
     input_digest,
     is_valid_request_id,
 )
-from config.settings import Settings
+from config.settings import ModelPolicy, Settings
+from producer.fleet_policies import FleetPolicies
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,7 @@ class ProducerCore:
     ) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
+        self.fleet = FleetPolicies(settings)
         self.producer_id = producer_id or uuid.uuid4().hex
         self.inbox = self.keys.inbox(self.producer_id)
         self.cancel_on_exit = cancel_on_exit
@@ -260,6 +262,18 @@ class ProducerCore:
         """The requests to cancel on close."""
         return sorted(self._outstanding)
 
+    def policy(self, model: str) -> ModelPolicy:
+        """The policy ``model`` is admitted by: the fleet's, else this producer's.
+
+        Raises:
+            UnknownModel: neither the fleet nor this producer's configuration serves it.
+        """
+        policy = self.fleet.models.get(model)
+        if policy is None:
+            served = sorted(self.fleet.models)
+            raise UnknownModel(f"unknown model {model!r}; served: {served}")
+        return policy
+
     def prepare(
         self,
         model: str,
@@ -274,9 +288,7 @@ class ProducerCore:
         Raises:
             UnknownModel, InvalidInput, InputTooLarge, DeadlinePassed: refused at the edge.
         """
-        policy = self.settings.models.get(model)
-        if policy is None:
-            raise UnknownModel(f"unknown model {model!r}; served: {sorted(self.settings.models)}")
+        policy = self.policy(model)
         request_id = self._check_request_id(request_id)
         input_json = canonical_json(input)
         size = len(input_json.encode())
@@ -337,7 +349,7 @@ class ProducerCore:
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model)."""
         model = chunk[0].model
-        policy = self.settings.policy(model)
+        policy = self.policy(model)
         keys = [self.keys.requests(model), self.keys.stats(model), self.keys.model_version(model)]
         cache = self.keys.cache_prefix(model) if policy.cache_ttl_s is not None else ""
         args: list[str | int] = [policy.max_queue_len, STREAM_FIELD, cache]
@@ -351,7 +363,7 @@ class ProducerCore:
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
         """The stats hash and field that count a refusal at the edge; None for a model the
         fleet does not serve (its name is the caller's, and metrics label only served ones)."""
-        if model not in self.settings.models:
+        if model not in self.fleet.models:
             return None
         return self.keys.stats(model), f"refused:{refusal.reason}"
 
@@ -430,12 +442,12 @@ class ProducerCore:
     def stream_call(self, item: Prepared) -> tuple[list[str], list[str | int]]:
         """The keys and args of the streaming admission script for ``item``."""
         keys = [item.record_key, self.keys.stream_lane(item.model), self.keys.stats(item.model)]
-        cap = self.settings.policy(item.model).max_queue_len
+        cap = self.policy(item.model).max_queue_len
         return keys, [item.digest, item.encoded, item.record_ttl_ms, cap, STREAM_FIELD]
 
     def cancel_call(self, request_id: str) -> tuple[list[str], list[str | int]]:
         """The keys and args of the cancel script for ``request_id``."""
-        ttl_s = max(policy.result_ttl_s for policy in self.settings.models.values())
+        ttl_s = max(policy.result_ttl_s for policy in self.fleet.models.values())
         head = {
             "request_id": request_id,
             "error": {"code": "cancelled", "message": "cancelled by its caller"},
@@ -481,7 +493,7 @@ class ProducerCore:
 
     def default_timeout_s(self) -> float:
         """How long a wait lasts when the caller does not say: the longest request lifetime."""
-        return max(policy.request_timeout_s for policy in self.settings.models.values()) + 5.0
+        return max(policy.request_timeout_s for policy in self.fleet.models.values()) + 5.0
 
 
 class StreamReader:

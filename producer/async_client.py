@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from config.connection import broker_errors
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
-from config.settings import Settings, load_settings
+from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
     ADMIT_SCRIPT,
     CANCEL_SCRIPT,
@@ -178,9 +178,28 @@ class AsyncProducer:
             accepted.extend(ids)
         return accepted
 
+    async def _follow_fleet(self) -> None:
+        """Reads the fleet's model policies when they are due (every few seconds)."""
+        if self._core.fleet.due(monotonic()):
+            with broker_errors():
+                published = await self._client.hgetall(self._core.keys.policies())
+            self._core.fleet.adopt(published, monotonic())
+
+    async def policy(self, model: str) -> ModelPolicy:
+        """The policy the fleet serves ``model`` with (its batchers', else this producer's
+        configuration): queue cap, input size, deadline, priorities, response cache.
+
+        Raises:
+            UnknownModel: neither the fleet nor this producer's configuration serves it.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        await self._follow_fleet()
+        return self._core.policy(model)
+
     async def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:
-        """Validates every input (``ProducerCore.prepare_all``); a refusal is counted in the
-        model's stats, best effort."""
+        """Validates every input (``ProducerCore.prepare_all``) by the fleet's policies; a
+        refusal is counted in the model's stats, best effort."""
+        await self._follow_fleet()
         try:
             return self._core.prepare_all(model, inputs, **options)
         except RequestRejected as refusal:
@@ -193,6 +212,7 @@ class AsyncProducer:
     async def validate(self, model: str, input: Any) -> None:
         """Checks, without enqueuing, that ``input`` would be accepted for ``model``; see
         ``Producer.validate``."""
+        await self._follow_fleet()
         self._core.prepare(model, input)
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:

@@ -15,7 +15,7 @@ import redis
 from config.connection import broker_errors, connect
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
-from config.settings import Settings, load_settings
+from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
     ADMIT_SCRIPT,
     CANCEL_SCRIPT,
@@ -197,9 +197,28 @@ class Producer:
             accepted.extend(ids)
         return accepted
 
+    def _follow_fleet(self) -> None:
+        """Reads the fleet's model policies when they are due (every few seconds)."""
+        if self._core.fleet.due(monotonic()):
+            with broker_errors():
+                published = self._client.hgetall(self._core.keys.policies())
+            self._core.fleet.adopt(published, monotonic())
+
+    def policy(self, model: str) -> ModelPolicy:
+        """The policy the fleet serves ``model`` with (its batchers', else this producer's
+        configuration): queue cap, input size, deadline, priorities, response cache.
+
+        Raises:
+            UnknownModel: neither the fleet nor this producer's configuration serves it.
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        self._follow_fleet()
+        return self._core.policy(model)
+
     def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:
-        """Validates every input (``ProducerCore.prepare_all``); a refusal is counted in the
-        model's stats, best effort."""
+        """Validates every input (``ProducerCore.prepare_all``) by the fleet's policies; a
+        refusal is counted in the model's stats, best effort."""
+        self._follow_fleet()
         try:
             return self._core.prepare_all(model, inputs, **options)
         except RequestRejected as refusal:
@@ -262,7 +281,9 @@ class Producer:
 
         Raises:
             RequestRejected: (a subclass) what ``submit`` would refuse it with.
+            BrokerUnavailable: Redis cannot be reached (to read the fleet's policies).
         """
+        self._follow_fleet()
         self._core.prepare(model, input)
 
     def result(self, request_id: str, timeout_s: float | None = None) -> Any:

@@ -22,6 +22,7 @@ from kombu.exceptions import OperationalError
 
 from config.connection import connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
+from config.published_policy import encode_policy
 from config.schema import PRIORITY_RANK
 from config.settings import Settings
 from workers.batch_cap import BatchCap
@@ -126,6 +127,7 @@ class ModelBatcher:
         while not stop.is_set():
             try:
                 if not started:
+                    self._publish_policy()
                     self._ensure_group()
                     self._take(self._read(history=True))
                     started = True
@@ -150,6 +152,10 @@ class ModelBatcher:
                 started = False
             except Exception:
                 self._fail(stop)
+
+    def _publish_policy(self) -> None:
+        """Tells producers how this model is served: they admit by this policy."""
+        self._client.hset(self.keys.policies(), self.model, encode_policy(self.policy))
 
     def _fail(self, stop: threading.Event) -> None:
         """A bug: logged with its traceback, and every batcher of the process stops."""

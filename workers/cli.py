@@ -92,14 +92,22 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from config.connection import connect
+    from config.connection import broker_errors, connect
     from config.keys import Keys
+    from workers.entries import to_text
     from workers.top import run_top
 
     settings = load_settings()
-    models = _models(settings, args.model)
+    client, keys = connect(settings), Keys(settings.key_prefix)
+    with broker_errors():
+        published = client.hkeys(keys.policies())
+    served = {to_text(model) for model in published} | set(settings.models)
+    models = args.model or sorted(served)
+    unknown = sorted(set(models) - served)
+    if unknown:
+        raise ConfigError(f"unknown model(s) {unknown}; served: {sorted(served)}")
     price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
-    return run_top(connect(settings), Keys(settings.key_prefix), models, args.refresh, price)
+    return run_top(client, keys, models, args.refresh, price)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -111,16 +119,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from workers.models.registry import token_counter
 
     settings = load_settings()
-    (model,) = _models(settings, [args.model])
+    model = args.model
     price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
+    # Tokens are counted by the model's own cost(), which needs its backend configured here.
+    backend_here = settings.models.get(model)
     source, output = Path(args.file), Path(args.output)
     options = JobOptions(
         job_id=args.job_id or default_job_id(source, output),
         window=args.window,
         deadline_s=args.deadline,
-        count_tokens=token_counter(settings.policy(model)) if price else None,
+        count_tokens=token_counter(backend_here) if price and backend_here else None,
     )
     with Producer(settings) as producer:
+        producer.policy(model)  # a model neither the fleet nor this config serves: refused
         report = submit_file(
             producer,
             model,

@@ -9,6 +9,8 @@ from collections.abc import Callable
 import redis
 
 from config.keys import Keys
+from producer.client import Producer
+from tests.chaos.harness import wait_until
 from workers.local_fleet import LocalFleet
 from workers.metrics import batcher_registry
 from workers.models.synthetic import expected_output
@@ -52,3 +54,28 @@ def test_a_repeated_input_is_answered_from_the_cache_until_the_model_version_cha
     )
     assert hits == 1
     client.close()
+
+
+def test_a_producer_with_only_the_redis_url_gets_the_fleets_cache(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """The cache is configured for the batcher and the worker only; a producer that knows
+    nothing but where Redis is still has the same input answered from it."""
+    policy = {"synthetic": {"cache_ttl_s": 60}}
+    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps(policy))
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    bare_env = {k: v for k, v in fleet.env.items() if k.startswith("BATCHFLEET_")}
+    bare_env.pop("BATCHFLEET_MODELS")
+    settings = settings_for(bare_env)
+    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
+    wait_until(lambda: client.hexists(Keys(settings.key_prefix).policies(), "synthetic"))
+    client.close()
+    with Producer(settings) as producer:
+        wait_ready(producer, fleet)
+        answers = [
+            list(producer.results([producer.submit("synthetic", {"q": "again"})]))[0]
+            for _ in range(3)
+        ]
+        assert producer.policy("synthetic").cache_ttl_s == 60
+    assert [answer.cached for answer in answers] == [False, True, True]

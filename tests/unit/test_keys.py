@@ -19,6 +19,7 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.result("r1") == "bf:res:r1"
     assert keys.inbox("p1") == "bf:inbox:p1"
     assert keys.celery_queue("m") == "bf.m"
+    assert keys.policies() == "bf:policies"
     assert CONSUMER_GROUP == "batchers"
     assert worker_consumer("gpu0@h") == "worker:gpu0@h"
     assert device_consumer("gpu0@h", "1a2b") == "worker:gpu0@h:1a2b:device"
