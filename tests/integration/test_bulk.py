@@ -108,32 +108,18 @@ def test_two_jobs_may_use_the_same_custom_ids_and_a_rerun_reports_nothing_twice(
         "".join(json.dumps({"custom_id": str(n), "input": f"edit {n}"}) + "\n" for n in range(50))
         + "{not json\n"
     )
-    first = run_cli(
-        "submit", str(small), "--model", "synthetic", "-o", str(tmp_path / "a.jsonl"), env=fleet.env
-    )
-    second = run_cli(
-        "submit",
-        str(edited),
-        "--model",
-        "synthetic",
-        "-o",
-        str(tmp_path / "b.jsonl"),
-        env=fleet.env,
-    )
+
+    def submit(source: Path, output: str) -> subprocess.CompletedProcess[str]:
+        command = ["submit", str(source), "--model", "synthetic", "-o", str(tmp_path / output)]
+        return run_cli(*command, env=fleet.env)
+
+    first, second = submit(small, "a.jsonl"), submit(edited, "b.jsonl")
     assert first.returncode == 0, first.stdout + first.stderr
     assert second.returncode == 1, second.stdout + second.stderr
     assert {r["custom_id"]: r["output"] for r in read_jsonl(tmp_path / "b.jsonl")} == {
         str(n): expected_output(f"edit {n}") for n in range(50)
     }
-    again = run_cli(
-        "submit",
-        str(edited),
-        "--model",
-        "synthetic",
-        "-o",
-        str(tmp_path / "b.jsonl"),
-        env=fleet.env,
-    )
+    again = submit(edited, "b.jsonl")
     assert again.returncode == 1 and "51 skipped" in again.stdout, again.stdout
     assert len(read_jsonl(tmp_path / "b.errors.jsonl")) == 1
     assert fleet_stats(fleet).get("refused:id_conflict", 0) == 0

@@ -73,9 +73,9 @@ def test_a_producer_with_only_the_redis_url_gets_the_fleets_cache(
     client.close()
     with Producer(settings) as producer:
         wait_ready(producer, fleet)
-        answers = [
-            list(producer.results([producer.submit("synthetic", {"q": "again"})]))[0]
-            for _ in range(3)
-        ]
+        answers = []
+        for _ in range(3):
+            (answer,) = producer.results([producer.submit("synthetic", {"q": "again"})])
+            answers.append(answer)
         assert producer.policy("synthetic").cache_ttl_s == 60
     assert [answer.cached for answer in answers] == [False, True, True]
