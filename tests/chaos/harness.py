@@ -19,12 +19,15 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from config.errors import BatchfleetError, BrokerUnavailable
 from config.keys import CONSUMER_GROUP, Keys, held_on_device, worker_consumer
@@ -53,13 +56,23 @@ READY_TIMEOUT_S = 60.0
 class WriteObserver:
     """Counts the writes of each result key, from ``SET`` keyspace events; resubscribes when
     Redis comes back after a restart. A write made while it resubscribes can be missed: it can
-    then hide a duplicate, never invent one."""
+    then hide a duplicate, never invent one.
+
+    A Redis restarted on its AOF announces again, to whoever subscribed while it loads, the
+    writes it replays (seen here: 37 and 106 results written before a kill, announced again,
+    with no re-execution). So after each (re)subscription nothing is counted until a marker,
+    published once Redis says it has finished loading, comes back on the same connection:
+    every replayed event is before it.
+    """
+
+    SET_EVENTS = "__keyevent@0__:set"
 
     def __init__(self, url: str, keys: Keys) -> None:
         self.url = url
         self.result_prefix = keys.result("")
         self.writes: Counter[str] = Counter()
         self.subscribed = threading.Event()
+        self._marker = f"write-observer:{uuid.uuid4().hex}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="write-observer", daemon=True)
 
@@ -74,20 +87,37 @@ class WriteObserver:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+            # No retries inside redis-py: every reconnection comes through the marker below.
+            client = redis.Redis.from_url(
+                self.url, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+            )
             try:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe("__keyevent@0__:set")
-                self.subscribed.set()
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=0.2)
-                    if message is not None:
-                        self._count(message["data"].decode())
+                pubsub.subscribe(self.SET_EVENTS, self._marker)
+                self._wait_until_loaded(client)
+                client.publish(self._marker, "loaded")
+                self._listen(pubsub)
             except redis.RedisError:
                 self.subscribed.clear()
                 self._stop.wait(0.05)
             finally:
                 client.close()
+
+    def _wait_until_loaded(self, client: redis.Redis) -> None:
+        while client.info("persistence")["loading"] and not self._stop.is_set():
+            self._stop.wait(0.01)
+
+    def _listen(self, pubsub: Any) -> None:
+        counting = False
+        while not self._stop.is_set():
+            message = pubsub.get_message(timeout=0.2)
+            if message is None:
+                continue
+            if message["channel"].decode() == self._marker:
+                counting = True
+                self.subscribed.set()
+            elif counting:
+                self._count(message["data"].decode())
 
     def _count(self, key: str) -> None:
         if key.startswith(self.result_prefix):
