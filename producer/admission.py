@@ -12,6 +12,7 @@ import math
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -51,7 +52,8 @@ MAX_DEADLINE_S = 7 * 24 * 3600.0
 
 # Admits a chunk of requests for one model, all or nothing: when one id is reused with another
 # input, or the queue has no room for every new request, nothing of the chunk is written and
-# the refused ones say why ('conflict', 'full'; the others 'withheld'). Otherwise each id is
+# the refused ones say why ('conflict', 'full'; new and cached ones 'withheld', ids already
+# queued with the same input stay 'duplicate'). Otherwise each id is
 # deduplicated by its record, an input the model's response cache holds (for its current
 # version) is answered at once without entering the queue, and the rest are appended to the
 # stream.
@@ -338,6 +340,9 @@ class ProducerCore:
         items = list(inputs)
         if request_ids is not None and len(request_ids) != len(items):
             raise InvalidInput(f"{len(request_ids)} request ids for {len(items)} inputs")
+        if request_ids is not None and len(set(request_ids)) != len(request_ids):
+            repeated = next(rid for rid, n in Counter(request_ids).items() if n > 1)
+            raise InvalidInput(f"request id {abbreviated(repeated)} is given twice in one call")
         ids = request_ids if request_ids is not None else [None] * len(items)
         return [
             self.prepare(
@@ -345,6 +350,13 @@ class ProducerCore:
             )
             for item, request_id in zip(items, ids, strict=True)
         ]
+
+    def admission_chunks(self, prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
+        """``prepared`` (one model) in the chunks admitted one round trip each: at most
+        ``SUBMIT_CHUNK``, and at most the model's queue cap, so that each fits an empty queue."""
+        if not prepared:
+            return []
+        return chunks(prepared, min(SUBMIT_CHUNK, self.policy(prepared[0].model).max_queue_len))
 
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model)."""
@@ -393,7 +405,8 @@ class ProducerCore:
             )
         if status == "conflict":
             raise RequestIdConflict(
-                f"request id {request.request_id!r} was already used with another model or input"
+                f"request id {request.request_id!r} was already used with another model or input",
+                conflicting_ids=[request.request_id],
             )
         raise InvalidInput(f"unexpected admission reply {status!r}")
 
@@ -471,7 +484,8 @@ class ProducerCore:
         status = reply.decode() if isinstance(reply, bytes) else reply
         if status == "unknown":
             raise UnknownRequest(
-                f"request {request_id!r} is unknown: never accepted, or its result expired"
+                f"request {abbreviated(request_id)} is unknown: never accepted, or its result"
+                " expired"
             )
         return status != "final"
 
@@ -487,7 +501,8 @@ class ProducerCore:
             return Result.decode(reply[1])
         if status == "unknown":
             raise UnknownRequest(
-                f"request {request_id!r} is unknown: never accepted, or its result expired"
+                f"request {abbreviated(request_id)} is unknown: never accepted, or its result"
+                " expired"
             )
         return None
 
@@ -578,7 +593,9 @@ def cached_result_head(item: Prepared) -> str:
 
 
 def chunks(items: Sequence[T], size: int = SUBMIT_CHUNK) -> list[Sequence[T]]:
-    """Splits ``items`` into the groups sent in one round trip each."""
+    """Splits ``items`` into the groups sent in one round trip each (each admitted whole or
+    not at all: callers cap ``size`` at the model's ``max_queue_len``, so that a chunk always
+    fits an empty queue)."""
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 

@@ -165,7 +165,7 @@ class AsyncProducer:
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
         accepted: list[str] = []
-        for chunk in chunks(prepared):
+        for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
             with broker_errors():
                 replies = await self._admit(keys=keys, args=args)

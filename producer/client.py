@@ -169,22 +169,23 @@ class Producer:
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk of 256, and returns their ids.
 
-        Every input is validated before any is enqueued, and each chunk is admitted whole or
-        not at all. With ``request_ids`` (one per input) the ids are yours: resubmitting one
+        Every input is validated before any is enqueued, and each chunk (of at most 256, and
+        at most the model's ``max_queue_len``) is admitted whole or not at all. With ``request_ids`` (one per input) the ids are yours: resubmitting one
         with the same input does not run it twice.
 
         Raises:
             RequestRejected: (a subclass) refused; nothing of the refused chunk was enqueued,
-                and ``accepted_ids`` lists exactly the ids of earlier chunks that were (none
-                for a call of at most 256). ``RequestIdConflict.conflicting_ids`` names the
-                reused ids; ``QueueFull`` means no room for the whole chunk.
+                and ``accepted_ids`` lists the ids of the earlier chunks, all taken (enqueued,
+                already queued with the same input, or answered from the cache); none for a
+                call of one chunk. ``RequestIdConflict.conflicting_ids`` names the reused ids;
+                ``QueueFull`` means no room for the whole chunk.
             BrokerUnavailable: Redis cannot be reached.
         """
         prepared = self._prepare(
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
         accepted: list[str] = []
-        for chunk in chunks(prepared):
+        for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
             with broker_errors():
                 replies = self._admit(keys=keys, args=args)

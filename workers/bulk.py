@@ -39,6 +39,7 @@ from workers.bulk_files import (
     BadLine,
     EarlierRuns,
     Line,
+    claim_output,
     count_lines,
     custom_id_key,
     default_job_id,
@@ -82,6 +83,10 @@ class BulkReport:
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+
+    def failed_lines(self) -> int:
+        """Lines of the job that ended in an error: reported now or by an earlier run."""
+        return sum(self.errors.values()) + self.errors_earlier
 
     def answered_request(self, sample: Sample, sent_by_this_run: bool = True) -> None:
         """Counts a request the fleet answered. One this run sent is timed: kept in the
@@ -162,7 +167,7 @@ class BulkJob:
         """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
         previous: dict[str, tuple[Line, float]] = {}
         while True:
-            wave = self._submit(self._next_wave(lines, on_answer))
+            wave = self._submit(self._next_wave(lines, on_answer), on_answer)
             if previous:
                 self._collect(previous, on_answer)
             if not wave:
@@ -187,7 +192,9 @@ class BulkJob:
                 break
         return wave
 
-    def _submit(self, wave: Sequence[Line]) -> dict[str, tuple[Line, float]]:
+    def _submit(
+        self, wave: Sequence[Line], on_answer: Callable[[], None]
+    ) -> dict[str, tuple[Line, float]]:
         """Enqueues ``wave`` with its lines' request ids, waiting for room when the queue is
         full; returns the submitted lines by request id, with when each was sent."""
         job_id = self._options.job_id
@@ -214,6 +221,7 @@ class BulkJob:
                     line = pending.pop(request_id)
                     message = f"custom_id {line.custom_id!r} was sent before with another input"
                     self._write_error(line.custom_id, line.number, conflict.reason, message)
+                    on_answer()
             for request_id in accepted:
                 sent[request_id] = (pending.pop(request_id), now)
         return sent
@@ -269,8 +277,9 @@ def submit_file(
     counts the tokens of the inputs answered."""
     errors = errors or output.with_suffix(".errors.jsonl")
     options = options or JobOptions(job_id=default_job_id(path, output))
+    claim_output(output, options.job_id)
     earlier = read_earlier_runs(output, errors)
-    report = BulkReport(total_lines=count_lines(path), errors_earlier=earlier.errors)
+    report = BulkReport(total_lines=count_lines(path))
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -321,10 +330,12 @@ def lines_to_run(
                 )
             elif isinstance(parsed, Line):
                 seen.add(custom_id_key(parsed.custom_id))
+            outcome = None if parsed is None else earlier.outcome(parsed)
             if parsed is None:
                 report.blank += 1
-            elif earlier.ended(parsed):
+            elif outcome is not None:
                 report.skipped += 1
+                report.errors_earlier += outcome == "error"
             else:
                 yield parsed
                 continue
@@ -363,6 +374,13 @@ def print_summary(
             print(cost.describe(gpu_cost_per_hour))
     if report.interrupted:
         print("interrupted: run the same command again to resume")
-    failed = sum(report.errors.values()) + report.errors_earlier
-    if failed:
-        print(f"{failed} lines of the job ended in an error: see the errors file (exit 1)")
+    elif report.failed_lines():
+        print(f"{report.failed_lines()} lines of the job ended in an error: see the errors file")
+
+
+def exit_code(report: BulkReport) -> int:
+    """130 for a job stopped by Ctrl-C, 1 for one with a line that ended in an error (in this
+    run or an earlier one), else 0."""
+    if report.interrupted:
+        return 130
+    return 1 if report.failed_lines() else 0

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.errors import ConfigError
+
 # The codes of error lines that end their custom_id: a rerun does not ask it again. A
 # ``duplicate_custom_id`` error belongs to its line, not to the custom_id's first line.
 LINE_ONLY_ERRORS = ("invalid_line", "duplicate_custom_id")
@@ -87,19 +89,22 @@ def custom_id_key(custom_id: str) -> int:
 
 @dataclass
 class EarlierRuns:
-    """What earlier runs of a job wrote: the custom_ids that have their answer or their
-    error, the bad lines already reported (by number and message: a line fixed since is read
-    again), and how many error lines in all."""
+    """What earlier runs of a job wrote: the custom_ids answered, those that ended in an
+    error, and the bad lines already reported (by number and message: a line fixed since is
+    read again)."""
 
-    custom_ids: set[int] = field(default_factory=set)
+    answered: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
     reported: set[tuple[int, str]] = field(default_factory=set)
-    errors: int = 0
 
-    def ended(self, line: Line | BadLine) -> bool:
-        """Whether an earlier run answered this request, or reported this bad line."""
+    def outcome(self, line: Line | BadLine) -> str | None:
+        """``"answered"`` or ``"error"`` when an earlier run ended this line; None if not."""
         if isinstance(line, BadLine):
-            return (line.number, line.message) in self.reported
-        return custom_id_key(line.custom_id) in self.custom_ids
+            return "error" if (line.number, line.message) in self.reported else None
+        key = custom_id_key(line.custom_id)
+        if key in self.answered:
+            return "answered"
+        return "error" if key in self.failed else None
 
 
 def read_earlier_runs(output: Path, errors: Path) -> EarlierRuns:
@@ -115,18 +120,41 @@ def read_earlier_runs(output: Path, errors: Path) -> EarlierRuns:
                     record = json.loads(text)
                 except json.JSONDecodeError:
                     continue
-                if not isinstance(record, dict):
-                    continue
-                error = record.get("error")
-                if not isinstance(error, dict):
-                    error = {}
-                earlier.errors += bool(error)
-                custom_id = record.get("custom_id")
-                if error.get("code") in LINE_ONLY_ERRORS:
-                    earlier.reported.add((record.get("line", 0), str(error.get("message"))))
-                elif isinstance(custom_id, str):
-                    earlier.custom_ids.add(custom_id_key(custom_id))
+                if isinstance(record, dict):
+                    note_record(earlier, record)
     return earlier
+
+
+def note_record(earlier: EarlierRuns, record: dict[str, Any]) -> None:
+    """Adds one answer or error line to what earlier runs ended."""
+    error = record.get("error")
+    custom_id = record.get("custom_id")
+    if not isinstance(error, dict):
+        if isinstance(custom_id, str):
+            earlier.answered.add(custom_id_key(custom_id))
+    elif error.get("code") in LINE_ONLY_ERRORS:
+        earlier.reported.add((record.get("line", 0), str(error.get("message"))))
+    elif isinstance(custom_id, str):
+        earlier.failed.add(custom_id_key(custom_id))
+
+
+def claim_output(output: Path, job_id: str) -> None:
+    """Marks ``output`` as the answers of job ``job_id`` (in ``OUTPUT.job``), so that a rerun
+    resumes it and no other job mixes its lines in.
+
+    Raises:
+        ConfigError: ``output`` holds another job's answers.
+    """
+    marker = output.with_suffix(".job")
+    if marker.exists():
+        holder = marker.read_text(encoding="utf-8").strip()
+        if holder != job_id:
+            raise ConfigError(
+                f"{output} holds the answers of job {holder}, not {job_id}: write this job to "
+                f"another output, or resume that one with --job-id {holder}"
+            )
+        return
+    marker.write_text(job_id + "\n", encoding="utf-8")
 
 
 def count_lines(path: Path) -> int:

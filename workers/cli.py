@@ -114,7 +114,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from producer.client import Producer
-    from workers.bulk import JobOptions, print_summary, submit_file
+    from workers.bulk import JobOptions, exit_code, print_summary, submit_file
     from workers.bulk_files import default_job_id
     from workers.models.registry import token_counter
 
@@ -141,9 +141,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             options=options,
         )
     print_summary(report, model, args.file, options.job_id, price)
-    if report.interrupted:
-        return 130
-    return 1 if report.errors or report.errors_earlier else 0
+    return exit_code(report)
 
 
 def cmd_flower(args: argparse.Namespace) -> int:

@@ -152,6 +152,27 @@ def test_a_refusal_past_the_first_chunk_lists_exactly_what_earlier_chunks_enqueu
     assert queued(fake_redis) == SUBMIT_CHUNK
 
 
+def test_a_call_bigger_than_the_queue_cap_goes_in_chunks_that_fit(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """With max_queue_len 10, 11 requests go as a chunk of 10 and one of 1: the first fits an
+    empty queue (a chunk larger than the cap would never fit, and a bulk job would wait
+    forever); the second is refused, and accepted_ids names the first ten."""
+    with pytest.raises(QueueFull) as caught:
+        producer.submit_many("synthetic", list(range(11)))
+    assert len(caught.value.accepted_ids) == 10
+    assert queued(fake_redis) == 10
+
+
+def test_the_same_id_twice_in_one_call_is_refused(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Two inputs under one request id would be two queued requests racing for one answer."""
+    with pytest.raises(InvalidInput, match="given twice"):
+        producer.submit_many("synthetic", ["a", "b"], request_ids=["same", "same"])
+    assert queued(fake_redis) == 0
+
+
 def test_submit_many_validates_everything_before_enqueuing(
     producer: Producer, fake_redis: fakeredis.FakeRedis
 ) -> None:

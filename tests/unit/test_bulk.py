@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from config.errors import ConfigError
 from config.schema import Result
 from workers import bulk
-from workers.bulk import BulkReport, lines_to_run
+from workers.bulk import BulkReport, exit_code, lines_to_run
 from workers.bulk_files import (
     BadLine,
     Line,
+    claim_output,
     count_lines,
     default_job_id,
     parse_line,
@@ -169,3 +171,32 @@ def test_a_rerun_passes_over_what_an_earlier_run_answered_or_reported(tmp_path: 
     ]
     assert (report.skipped, report.blank, len(skips)) == (2, 1, 3)
     assert count_lines(source) == 5, "the last line counts without its newline"
+
+
+def test_an_output_belongs_to_one_job(tmp_path: Path) -> None:
+    """A rerun of the job resumes its output; another job's lines never mix into it."""
+    output = tmp_path / "results.jsonl"
+    claim_output(output, "job-a")
+    claim_output(output, "job-a")
+    with pytest.raises(ConfigError, match="holds the answers of job job-a, not job-b"):
+        claim_output(output, "job-b")
+
+
+def test_a_bad_line_fixed_and_answered_on_a_rerun_leaves_the_job_without_errors(
+    tmp_path: Path,
+) -> None:
+    """Only errors that still stand count for the exit code: a line reported as not JSON,
+    fixed since, runs again, and the job exits 0 once it is answered."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "a", "input": 1}) + "\n")
+    errors = tmp_path / "out.errors.jsonl"
+    stale = {"code": "invalid_line", "message": "line 1: not JSON: Expecting value"}
+    errors.write_text(json.dumps({"custom_id": None, "line": 1, "error": stale}) + "\n")
+    report = BulkReport()
+    earlier = read_earlier_runs(tmp_path / "out.jsonl", errors)
+    assert list(lines_to_run(source, earlier, report, lambda: None)) == [Line(1, "a", 1)]
+    assert report.errors_earlier == 0 and exit_code(report) == 0
+    report.error("model_error")
+    assert exit_code(report) == 1
+    report.interrupted = True
+    assert exit_code(report) == 130
