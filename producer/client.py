@@ -170,8 +170,9 @@ class Producer:
         """Enqueues many requests, one round trip per chunk of 256, and returns their ids.
 
         Every input is validated before any is enqueued, and each chunk (of at most 256, and
-        at most the model's ``max_queue_len``) is admitted whole or not at all. With ``request_ids`` (one per input) the ids are yours: resubmitting one
-        with the same input does not run it twice.
+        at most the model's ``max_queue_len``) is admitted whole or not at all. With
+        ``request_ids`` (one per input) the ids are yours: resubmitting one with the same
+        input does not run it twice.
 
         Raises:
             RequestRejected: (a subclass) refused; nothing of the refused chunk was enqueued,

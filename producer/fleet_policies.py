@@ -40,7 +40,7 @@ class FleetPolicies:
         self._configured = "models" in settings.model_fields_set
         self.models: dict[str, ModelPolicy] = dict(settings.models)
         self._read_at = float("-inf")
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
 
     def due(self, now: float) -> bool:
         """Whether the fleet's policies are to be read again (``now``: monotonic seconds)."""
@@ -56,21 +56,22 @@ class FleetPolicies:
                 fleet[model] = decode_policy(raw_policy)
             except ValidationError as exc:
                 self._warn_once(
-                    model,
-                    f"the fleet's policy cannot be read ({exc.error_count()} "
-                    f"errors, a newer batcher?); following this producer's",
+                    ("unreadable", model),
+                    f"model {model}: the fleet's policy cannot be read ({exc.error_count()} "
+                    "errors, a newer batcher?); following this producer's",
                 )
                 continue
             own = self._own.get(model)
-            if self._configured and own is not None and differences(own, fleet[model]):
+            differ = differences(own, fleet[model]) if self._configured and own else ""
+            if differ:
                 self._warn_once(
-                    model,
-                    "this producer's configuration differs from the fleet's "
-                    f"({differences(own, fleet[model])}); following the fleet",
+                    ("differs", model),
+                    f"model {model}: this producer's configuration differs from the fleet's "
+                    f"({differ}); following the fleet",
                 )
         self.models = {**self._own, **fleet}
 
-    def _warn_once(self, model: str, message: str) -> None:
-        if model not in self._warned:
-            self._warned.add(model)
-            log.warning("model %s: %s", model, message)
+    def _warn_once(self, topic: tuple[str, str], message: str) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            log.warning("%s", message)

@@ -99,15 +99,18 @@ def cmd_top(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     client, keys = connect(settings), Keys(settings.key_prefix)
-    with broker_errors():
-        published = client.hkeys(keys.policies())
-    served = {to_text(model) for model in published} | set(settings.models)
-    models = args.model or sorted(served)
-    unknown = sorted(set(models) - served)
-    if unknown:
-        raise ConfigError(f"unknown model(s) {unknown}; served: {sorted(served)}")
-    price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
-    return run_top(client, keys, models, args.refresh, price)
+    try:
+        with broker_errors():
+            published = client.hkeys(keys.policies())
+        served = {to_text(model) for model in published} | set(settings.models)
+        models = args.model or sorted(served)
+        unknown = sorted(set(models) - served)
+        if unknown:
+            raise ConfigError(f"unknown model(s) {unknown}; served: {sorted(served)}")
+        price = args.gpu_cost_per_hour or settings.gpu_cost_per_hour
+        return run_top(client, keys, models, args.refresh, price)
+    finally:
+        client.close()
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ from workers.local_fleet import LocalFleet
 from workers.local_redis import LocalRedis
 
 READY_TIMEOUT_S = 60.0
+# The one key Celery's Redis transport shares between exchanges: binding deadlines by name.
+KOMBU_BINDING_DEADLINES = "_kombu.binding_deadlines"
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,6 @@ def wait_until_serving(settings: Settings, processes: LocalFleet) -> None:
         except BatchfleetError as exc:
             print(processes.logs())
             raise BatchfleetError(f"the fleet did not start: {exc}") from exc
-
-
-KOMBU_BINDING_DEADLINES = "_kombu.binding_deadlines"
 
 
 def forget_keys(url: str, prefix: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,9 +88,12 @@ def test_a_queued_request_cancelled_never_runs_and_its_neighbours_do(
 def test_a_running_request_cancelled_answers_its_caller_at_once_and_its_output_is_dropped(
     make_fleet: Callable[..., LocalFleet], tmp_path: Path
 ) -> None:
+    """Cancelling a request on the device answers its caller while the batch still runs (the
+    worker is frozen meanwhile, so it cannot finish first on any machine); the output it
+    then produces is dropped, and the worker goes on."""
     executions = tmp_path / "executions"
     fleet = ledger_fleet(make_fleet, executions)
-    fleet.start("worker", "--cpu")
+    worker = fleet.start("worker", "--cpu")
     settings = settings_for(fleet.env)
     keys = Keys(settings.key_prefix)
     client = redis.Redis.from_url(settings.redis_url.get_secret_value())
@@ -96,9 +101,13 @@ def test_a_running_request_cancelled_answers_its_caller_at_once_and_its_output_i
         wait_ready(producer, fleet, warmup={"n": 0})
         slow = producer.submit("synthetic", {"n": 7, "stall_s": 3})
         wait_until_on_device(client, keys)
-        assert producer.cancel(slow) is True
-        assert cancelled(producer, slow)
-        assert on_device(client, keys), "the caller waited for the running batch"
+        os.killpg(worker.pid, signal.SIGSTOP)
+        try:
+            assert producer.cancel(slow) is True
+            assert cancelled(producer, slow)
+            assert on_device(client, keys), "the running batch was answered, not cancelled"
+        finally:
+            os.killpg(worker.pid, signal.SIGCONT)
         producer.infer("synthetic", [{"n": 8}])  # runs after the stalled batch
         assert cancelled(producer, slow)
     assert executed(executions) == [0, 7, 8]
@@ -134,7 +143,9 @@ def test_cancelling_the_task_that_awaits_a_result_cancels_the_request(
         async with AsyncProducer(settings, cancel_on_exit=True) as producer:
             request_id = await producer.submit("synthetic", {"n": 1})
             waiting = asyncio.create_task(producer.result(request_id, timeout_s=60))
+            give_up = time.monotonic() + 30
             while not client.exists(keys.waiters(request_id)):  # the caller waits now
+                assert time.monotonic() < give_up, "the caller never started waiting"
                 await asyncio.sleep(0.01)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -36,5 +36,6 @@ def test_out_of_range_arguments_are_refused_at_parse_time(
 
 
 def test_in_range_arguments_parse_to_numbers() -> None:
+    """Numbers in range parse as before: a rate list to floats, zero where zero is allowed."""
     args = build_parser().parse_args(["bench", "sweep", "--rates", "50,200", "--inflight", "0"])
     assert args.rates == (50.0, 200.0) and args.inflight == 0

@@ -11,14 +11,14 @@ from config.errors import UnsupportedRedis
 
 
 class ReportsVersion:
-    """A client whose server reports ``version`` in ``INFO server``."""
+    """A client whose server answers ``HELLO 2`` as Redis does, with ``version``."""
 
     def __init__(self, version: str) -> None:
         self.version = version
 
-    def info(self, section: str) -> dict[str, Any]:
-        assert section == "server"
-        return {"redis_version": self.version}
+    def execute_command(self, *args: Any) -> list[Any]:
+        assert args == ("HELLO", 2)
+        return [b"server", b"redis", b"version", self.version.encode(), b"proto", 2]
 
 
 @pytest.mark.parametrize("version", ["6.2.14", "7.0.15", "7.4.1", "8.0.2", "10.0.0"])

@@ -62,6 +62,7 @@ def test_a_bare_producer_serves_the_fleets_models_by_the_fleets_policy(
 def test_without_published_policies_a_producer_keeps_its_own(
     bare: Producer, fake_redis: fakeredis.FakeRedis
 ) -> None:
+    """No batcher has published: the producer's own configuration decides, as before."""
     assert bare.policy("synthetic") == ModelPolicy()
     with pytest.raises(UnknownModel, match="served: \\['synthetic'\\]"):
         bare.submit("embed", "x")
@@ -90,6 +91,7 @@ def test_a_producer_configured_otherwise_warns_once_and_follows_the_fleet(
 def test_a_policy_this_release_cannot_read_leaves_the_producers_own(
     settings: Settings, fake_redis: fakeredis.FakeRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A policy from a newer batcher, with a field this release lacks, is said and skipped."""
     publish(fake_redis, "synthetic", '{"max_batch_size": 8, "a_newer_field": 1}')
     with caplog.at_level(logging.WARNING), producer_with(settings, fake_redis) as producer:
         assert producer.policy("synthetic") == settings.models["synthetic"]

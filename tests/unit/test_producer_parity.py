@@ -28,6 +28,7 @@ def public_methods(cls: type) -> dict[str, inspect.Signature]:
 
 
 def test_both_producers_offer_the_same_methods_with_the_same_parameters() -> None:
+    """Each public method of one has its twin in the other: same parameters, same defaults."""
     sync, asynchronous = public_methods(Producer), public_methods(AsyncProducer)
     assert set(sync) - SYNC_ONLY == set(asynchronous) - ASYNC_ONLY
     for name in set(sync) - SYNC_ONLY:

@@ -102,6 +102,7 @@ def test_a_misspelled_variable_is_refused_naming_the_closest_setting(
 def test_a_variable_far_from_every_setting_is_refused_without_a_guess(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """No setting is near enough to suggest: the refusal names only the variable."""
     monkeypatch.setenv("BATCHFLEET_FOO", "1")
     with pytest.raises(ConfigError, match=r"BATCHFLEET_FOO is not a batchfleet setting$"):
         load_settings()
