@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from config.settings import check_environment
 from workers.cli import build_parser
 
 from .test_alerts import served_metric_names
@@ -53,7 +54,7 @@ def test_the_compose_file_is_valid_and_runs_the_whole_fleet() -> None:
     assert "ports" not in fleet["redis"], "Redis must not be published"
     for name in ("flower", "prometheus", "grafana"):
         assert all(port["host_ip"] == "127.0.0.1" for port in fleet[name]["ports"]), name
-    assert "--appendonly yes" in " ".join(fleet["redis"]["command"])
+    assert "--appendonly yes --appendfsync always" in " ".join(fleet["redis"]["command"])
 
 
 @pytest.mark.parametrize("secret", sorted(SECRETS))
@@ -69,6 +70,7 @@ def test_every_batchfleet_service_runs_a_command_the_cli_has() -> None:
         if service.get("image") != "batchfleet:latest":
             continue
         args = parser.parse_args(service["command"])
+        check_environment(service.get("environment") or {})  # no misspelled BATCHFLEET_* name
         ran[name] = args.command
         assert "pw" not in " ".join(service["command"]), f"{name}: a secret on its command line"
     assert ran == {
