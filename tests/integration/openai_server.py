@@ -86,11 +86,20 @@ class Handler(BaseHTTPRequestHandler):
             upstream.authorizations.append(self.headers.get("Authorization", ""))
             upstream.in_flight += 1
             upstream.most_in_flight = max(upstream.most_in_flight, upstream.in_flight)
+        self._in_flight = True
         try:
             self._answer(body)
         finally:
-            with upstream.lock:
-                upstream.in_flight -= 1
+            self._leave()
+
+    def _leave(self) -> None:
+        """The call stops counting as in flight: before the last bytes of its answer go out,
+        so that a client who sends its next call the moment it has its answer is never
+        counted twice, however late this thread runs again."""
+        if self._in_flight:
+            self._in_flight = False
+            with self.server.lock:
+                self.server.in_flight -= 1
 
     def _answer(self, body: dict[str, Any]) -> None:
         texts = _texts(body)
@@ -164,6 +173,7 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
+        self._leave()
         self.wfile.write(payload)
 
 

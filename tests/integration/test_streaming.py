@@ -91,12 +91,10 @@ def test_a_stream_cancelled_elsewhere_ends_its_callers_loop_with_request_cancell
         chunks = producer.stream("chat", "count:500", request_id="s3")
         assert next(chunks)["delta"] == "w1 "
         assert other.cancel("s3") is True
-        asked = time.monotonic()
         with pytest.raises(RequestCancelled):
             for _chunk in chunks:
                 pass
-        assert time.monotonic() - asked < 5
-    assert upstream.words_sent < 200
+    assert upstream.words_sent < 200, "the loop ran on with the upstream after the cancel"
 
 
 def test_a_model_that_cannot_stream_is_refused(make_fleet: Callable[..., LocalFleet]) -> None:
