@@ -358,6 +358,11 @@ def print_summary(
         f"{sum(report.errors.values())} errors{f' ({errors})' if errors else ''}, "
         f"{report.skipped} skipped (answered or reported by an earlier run){blank}"
     )
+    if report.answered_earlier:
+        print(
+            f"{report.answered_earlier} of the answers were to requests an earlier run sent:"
+            " written, not timed"
+        )
     if report.answered:
         summary = report.summary(model)
         print(TABLE_HEADER)
