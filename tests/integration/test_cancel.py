@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from config.errors import RequestCancelled, UnknownRequest
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
@@ -137,22 +138,23 @@ def test_cancelling_the_task_that_awaits_a_result_cancels_the_request(
     fleet = ledger_fleet(make_fleet, tmp_path / "executions")
     settings = settings_for(fleet.env)
     keys = Keys(settings.key_prefix)
-    client = redis.Redis.from_url(settings.redis_url.get_secret_value())
 
     async def abandon() -> str:
+        client = aioredis.Redis.from_url(settings.redis_url.get_secret_value())
         async with AsyncProducer(settings, cancel_on_exit=True) as producer:
             request_id = await producer.submit("synthetic", {"n": 1})
-            waiting = asyncio.create_task(producer.result(request_id, timeout_s=60))
-            give_up = time.monotonic() + 30
-            while not client.exists(keys.waiters(request_id)):  # the caller waits now
+            # No worker runs: only the cancel can end this wait, however slow the machine.
+            waiting = asyncio.create_task(producer.result(request_id, timeout_s=3600))
+            give_up = time.monotonic() + 60
+            while not await client.exists(keys.waiters(request_id)):  # the caller waits now
                 assert time.monotonic() < give_up, "the caller never started waiting"
                 await asyncio.sleep(0.01)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            return request_id
+        await client.aclose()
+        return request_id
 
     request_id = asyncio.run(abandon())
-    client.close()
     with Producer(settings) as producer:
         assert cancelled(producer, request_id)
