@@ -31,10 +31,13 @@ LEFTOVER_WAIT_S = 15.0
 LIBRARY_CACHES = ("pytest-of-", "torchinductor_")
 
 
+SESSION_TMP_PREFIX = "batchfleet-tests-"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "unit: no sockets, no subprocesses")
     config.addinivalue_line("markers", "tls: needs a redis-server built with TLS")
-    session_tmp = tempfile.mkdtemp(prefix="batchfleet-tests-")
+    session_tmp = tempfile.mkdtemp(prefix=SESSION_TMP_PREFIX)
     os.environ["TMPDIR"] = session_tmp
     tempfile.tempdir = session_tmp
     os.environ[SESSION_MARK] = uuid.uuid4().hex
@@ -44,7 +47,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for pid in marked_processes():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(tempfile.gettempdir(), ignore_errors=True)
+    session_tmp = Path(tempfile.gettempdir())
+    if session_tmp.name.startswith(SESSION_TMP_PREFIX):  # never the system's temp folder
+        shutil.rmtree(session_tmp, ignore_errors=True)
 
 
 def pytest_report_header() -> str:
