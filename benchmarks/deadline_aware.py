@@ -19,9 +19,9 @@ import time
 from collections import Counter
 
 from producer.async_client import AsyncProducer
-from workers.bench_inputs import poisson_arrivals
-from workers.load_stats import percentile
-from workers.private_fleet import private_fleet
+from workers.local.private_fleet import private_fleet
+from workers.tools.bench_inputs import poisson_arrivals
+from workers.tools.load_stats import percentile
 
 POLICY = {
     "late_binding": False,

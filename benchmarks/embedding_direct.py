@@ -10,8 +10,8 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from workers.bench_inputs import sentence_inputs
 from workers.models.embedding import EmbeddingModel
+from workers.tools.bench_inputs import sentence_inputs
 
 
 def rate(model: EmbeddingModel, sentences: Sequence[str], batch_size: int) -> float:

@@ -10,9 +10,9 @@ import argparse
 import asyncio
 import time
 
-from workers.bench import BenchConfig, rate_run
-from workers.load_stats import percentile
-from workers.private_fleet import private_fleet
+from workers.local.private_fleet import private_fleet
+from workers.tools.bench import BenchConfig, rate_run
+from workers.tools.load_stats import percentile
 
 STAGES = ["arrival -> admitted", "admitted -> device start", "model", "finished -> caller", "total"]
 

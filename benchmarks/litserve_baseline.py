@@ -6,7 +6,7 @@ CPU, one inference worker, max batch 32, batch timeout 15 ms, like the fleet's d
 HTTP client that loads it: the 2,000 sentences of ``batchfleet bench saturate --backend
 embedding --requests 2000`` all at once (at most ``--connections`` in flight over keep-alive
 connections), then open-loop Poisson arrivals for ``--duration`` seconds at each of ``--rates``
-and at half the measured saturation, scheduled and timed as ``workers/bench.py``'s
+and at half the measured saturation, scheduled and timed as ``workers/tools/bench.py``'s
 ``open_loop`` does (each request from its scheduled arrival); finally the same saturation load
 with max batch 1. Each server runs in its own subprocess on a free loopback port; every answer
 carries its model call's size and time, from which the table's mean batch and busy fraction.
@@ -40,9 +40,9 @@ from typing import Any
 import httpx
 import litserve as ls
 
-from workers.bench_inputs import poisson_arrivals, sentence_inputs
-from workers.load_stats import percentile
 from workers.models.embedding import EmbeddingModel
+from workers.tools.bench_inputs import poisson_arrivals, sentence_inputs
+from workers.tools.load_stats import percentile
 
 BATCH_TIMEOUT_S = 0.015
 CONNECTIONS_PER_POOL = 16

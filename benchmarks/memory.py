@@ -15,8 +15,8 @@ import redis
 
 from config.keys import Keys
 from producer.client import Producer
-from workers.bench import BenchConfig
-from workers.private_fleet import private_fleet
+from workers.local.private_fleet import private_fleet
+from workers.tools.bench import BenchConfig
 
 
 def rss_mb(pid: int) -> float:

@@ -14,7 +14,7 @@ import redis
 
 from config.settings import ModelPolicy, load_settings
 from producer.client import Producer
-from workers.local_redis import LocalRedis
+from workers.local.local_redis import LocalRedis
 
 
 def main() -> None:

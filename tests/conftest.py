@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.local_redis import describe_redis_server, redis_server_binary
+from workers.local.local_redis import describe_redis_server, redis_server_binary
 
 ROOT = Path(__file__).parent
 SESSION_MARK = "BF_TEST_SESSION"

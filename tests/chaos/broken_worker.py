@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 
 from config.keys import CONSUMER_GROUP
-from workers import cli, results
-from workers.results import ResultWriter
+from workers.cli.main import main as cli
+from workers.protocol import results
+from workers.protocol.results import ResultWriter
 
 claim_and_check = ResultWriter.claim_and_check
 

@@ -36,10 +36,10 @@ from config.settings import Settings, load_settings
 from producer.client import Producer
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
-from workers.celery_app import RUN_BATCH_TASK, make_celery_app
-from workers.entries import to_text
-from workers.local_fleet import LocalFleet
-from workers.local_redis import LocalRedis
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import LocalRedis
+from workers.protocol.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.protocol.entries import to_text
 
 PREFIX = "chaos"
 # Production's ordering (soft < hard < visibility < lease, slots x hard < visibility), in

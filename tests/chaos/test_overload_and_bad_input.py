@@ -17,8 +17,8 @@ from config.errors import InvalidInput, RequestRejected
 from config.schema import STREAM_FIELD, Result
 from tests.chaos.harness import ChaosFleet, load_running
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
-from workers.celery_app import RUN_BATCH_TASK
-from workers.load_stats import percentile
+from workers.protocol.celery_app import RUN_BATCH_TASK
+from workers.tools.load_stats import percentile
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]

@@ -9,7 +9,7 @@ from producer.client import Producer
 from tests.chaos.harness import ChaosFleet, held_by, load_running, on_device_of, wait_until
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
 from tests.chaos.ledger_model import read_executions
-from workers.capacity import FleetState, worker_member
+from workers.protocol.capacity import FleetState, worker_member
 
 MakeFleet = Callable[..., ChaosFleet]
 Record = Callable[[LedgerReport], LedgerReport]

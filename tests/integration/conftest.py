@@ -14,8 +14,8 @@ import redis
 
 from config.settings import Settings, load_settings
 from producer.client import Producer
-from workers.local_fleet import LocalFleet
-from workers.local_redis import LocalRedis
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import LocalRedis
 
 READY_TIMEOUT_S = 60.0
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from config.errors import QueueFull, RequestIdConflict, UnknownRequest
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 
 from .conftest import producer_for
 

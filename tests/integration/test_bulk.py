@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from config.keys import Keys
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 
 from .conftest import producer_for, settings_for, takes_ctrl_c, wait_ready

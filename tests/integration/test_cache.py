@@ -11,8 +11,8 @@ import redis
 from config.keys import Keys
 from producer.client import Producer
 from tests.chaos.harness import wait_until
-from workers.local_fleet import LocalFleet
-from workers.metrics import batcher_registry
+from workers.batcher.metrics import batcher_registry
+from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 
 from .conftest import producer_for, settings_for, wait_ready

@@ -19,7 +19,7 @@ from config.errors import RequestCancelled, UnknownRequest
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from producer.async_client import AsyncProducer
 from producer.client import Producer
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 
 from .conftest import settings_for, wait_ready
 

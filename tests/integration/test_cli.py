@@ -13,8 +13,8 @@ import redis
 from config.errors import RedisAccessDenied
 from config.settings import load_settings
 from producer.client import Producer
-from workers.gpu import gpu_count
-from workers.local_redis import LocalRedis
+from workers.local.local_redis import LocalRedis
+from workers.runtime.gpu import gpu_count
 
 
 def run_cli(

@@ -14,8 +14,8 @@ import redis
 
 from config.keys import Keys
 from tests.chaos.harness import wait_until
-from workers.local_fleet import LocalFleet
-from workers.model_times import REFRESH_S
+from workers.local.local_fleet import LocalFleet
+from workers.protocol.model_times import REFRESH_S
 
 from .conftest import producer_for, settings_for, wait_ready
 from .test_cancel import LEDGER, on_device

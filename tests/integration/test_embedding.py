@@ -10,9 +10,9 @@ import pytest
 
 from config.schema import Result
 from config.settings import ModelPolicy
-from workers.bench_inputs import sentence_inputs
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 from workers.models.registry import build_model
+from workers.tools.bench_inputs import sentence_inputs
 
 from .conftest import producer_for, wait_ready
 from .test_cli import row, run_cli

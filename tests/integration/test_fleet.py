@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from producer.async_client import AsyncProducer
-from workers.gpu import gpu_count
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
+from workers.runtime.gpu import gpu_count
 
 from .conftest import check_outputs, producer_for, settings_for, wait_ready
 

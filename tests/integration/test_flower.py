@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from workers.local_fleet import LocalFleet
-from workers.local_redis import free_port
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import free_port
 
 from .conftest import producer_for, wait_ready
 

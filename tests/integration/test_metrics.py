@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from config.errors import InputTooLarge
-from workers.local_fleet import LocalFleet
-from workers.local_redis import free_port
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import free_port
 
 from .conftest import producer_for, wait_ready
 

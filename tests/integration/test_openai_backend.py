@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from config.settings import ModelPolicy
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 from workers.models.base import ItemError
 from workers.models.openai_http import OpenAIModel
 from workers.models.registry import build_model

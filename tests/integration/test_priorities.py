@@ -15,7 +15,7 @@ import redis
 from config.errors import InvalidInput
 from config.keys import Keys
 from tests.chaos.harness import wait_until
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 
 from .conftest import producer_for, settings_for, wait_ready
 

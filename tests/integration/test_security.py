@@ -16,8 +16,8 @@ import pytest
 from config.errors import BatchfleetError, BrokerUnavailable, RedisAccessDenied
 from config.settings import load_settings
 from producer.client import Producer
-from workers.local_fleet import LocalFleet
-from workers.local_redis import LocalRedis, describe_redis_server, free_port
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import LocalRedis, describe_redis_server, free_port
 
 PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
 pytestmark = pytest.mark.tls

@@ -12,7 +12,7 @@ import pytest
 
 from config.errors import InvalidInput, RequestCancelled
 from producer.async_client import AsyncProducer
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 
 from .conftest import producer_for, settings_for, wait_ready
 from .openai_server import FakeUpstream

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from workers.local_fleet import LocalFleet
+from workers.local.local_fleet import LocalFleet
 
 from .conftest import producer_for, takes_ctrl_c, wait_ready
 

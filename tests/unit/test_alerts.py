@@ -14,9 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.keys import Keys
 from config.schema import Request
 from config.settings import AlertSettings
-from workers.alerts import WorkerAlerts
-from workers.gpu import GpuReading, GpuTelemetry
-from workers.metrics import WorkerMetrics, batcher_registry
+from workers.batcher.metrics import batcher_registry
+from workers.runtime.alerts import WorkerAlerts
+from workers.runtime.gpu import GpuReading, GpuTelemetry
+from workers.runtime.metrics import WorkerMetrics
 
 RULES = Path(__file__).parents[2] / "config" / "prometheus" / "alerts.yml"
 QUEUED = {"synthetic": 12}

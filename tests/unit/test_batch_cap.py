@@ -10,8 +10,8 @@ import fakeredis
 
 from config.keys import Keys
 from config.settings import WorkerSettings
-from workers.batch_cap import RAISE_AFTER, BatchCap, is_out_of_memory
-from workers.gpu import GpuReading
+from workers.protocol.batch_cap import RAISE_AFTER, BatchCap, is_out_of_memory
+from workers.runtime.gpu import GpuReading
 
 from .test_batch_path import add_worker, answers_of_backend, fleet_of_backend, run_one_batch
 

@@ -18,11 +18,11 @@ from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
 from producer.admission import ProducerCore
 from producer.client import Producer
-from workers.batcher import ModelBatcher
-from workers.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
+from workers.batcher.model_batcher import ModelBatcher
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
-from workers.tasks import WorkerRuntime
+from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
+from workers.runtime.tasks import WorkerRuntime
 
 KEYS = Keys("bf")
 STREAM = KEYS.requests("synthetic")

@@ -10,9 +10,9 @@ import pytest
 
 from config.errors import ConfigError
 from config.schema import Result
-from workers import bulk
-from workers.bulk import BulkReport, exit_code, lines_to_run
-from workers.bulk_files import (
+from workers.tools import bulk
+from workers.tools.bulk import BulkReport, exit_code, lines_to_run
+from workers.tools.bulk_files import (
     BadLine,
     Line,
     claim_output,
@@ -22,7 +22,7 @@ from workers.bulk_files import (
     read_earlier_runs,
     request_id_for,
 )
-from workers.load_stats import Sample
+from workers.tools.load_stats import Sample
 
 
 @pytest.mark.parametrize(

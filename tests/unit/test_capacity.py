@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 
 from config.keys import Keys
-from workers.capacity import FleetState, worker_member
+from workers.protocol.capacity import FleetState, worker_member
 
 LEASE_S = 45.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.cli import build_parser
+from workers.cli.main import build_parser
 
 
 @pytest.mark.parametrize(

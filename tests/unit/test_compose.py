@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from config.settings import check_environment
-from workers.cli import build_parser
+from workers.cli.main import build_parser
 
 from .test_alerts import served_metric_names
 

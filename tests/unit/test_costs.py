@@ -14,9 +14,9 @@ from config.keys import Keys
 from config.schema import Request, Result
 from config.settings import ModelPolicy, Settings
 from producer.client import Producer
-from workers.batcher import ModelBatcher
-from workers.capacity import FleetState, worker_member
+from workers.batcher.model_batcher import ModelBatcher
 from workers.models.registry import cost_function
+from workers.protocol.capacity import FleetState, worker_member
 
 from .test_batch_path import new_batcher
 

@@ -16,10 +16,10 @@ import pytest
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.capacity import GpuClaim, claim_gpu
-from workers.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
-from workers.tasks import EXIT_GPU_LOST, WorkerRuntime
-from workers.worker_main import worker_hostname
+from workers.protocol.capacity import GpuClaim, claim_gpu
+from workers.runtime.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
+from workers.runtime.process import worker_hostname
+from workers.runtime.tasks import EXIT_GPU_LOST, WorkerRuntime
 
 KEYS = Keys("bf")
 
@@ -131,7 +131,7 @@ def test_without_a_gpu_or_nvml_telemetry_says_so_once_and_never_raises(
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", AbsentNvml())
     telemetry = GpuTelemetry(index)
-    with caplog.at_level(logging.INFO, logger="workers.gpu"):
+    with caplog.at_level(logging.INFO, logger="workers.runtime.gpu"):
         assert [telemetry.read() for _ in range(3)] == [None, None, None]
     assert len(caplog.records) == 1
     assert "no GPU telemetry" in caplog.records[0].getMessage()
@@ -186,7 +186,7 @@ def test_a_worker_beat_renews_its_gpu_claim_and_exits_if_another_took_it(
     runtime.beat()
     assert fake_redis.pttl(claim.key) > 2000
     exits: list[int] = []
-    monkeypatch.setattr("workers.tasks.os._exit", exits.append)
+    monkeypatch.setattr("workers.runtime.tasks.os._exit", exits.append)
     fake_redis.set(claim.key, "host:2")
     runtime.beat()
     assert exits == [EXIT_GPU_LOST]

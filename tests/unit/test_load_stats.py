@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from config.schema import Result
-from workers.load_stats import RunStats, Sample, percentile
+from workers.tools.load_stats import RunStats, Sample, percentile
 
 
 def sample(

@@ -6,7 +6,12 @@ import fakeredis
 import pytest
 
 from config.keys import Keys
-from workers.model_times import EWMA_WEIGHT, MeasuredModelTimes, ModelTimeEstimate, bucket_of
+from workers.protocol.model_times import (
+    EWMA_WEIGHT,
+    MeasuredModelTimes,
+    ModelTimeEstimate,
+    bucket_of,
+)
 
 KEYS = Keys("bf")
 

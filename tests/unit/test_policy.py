@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from config.schema import Request
 from config.settings import ModelPolicy
-from workers.policy import DISPATCH_MARGIN_S, Pending, Plan, plan_batch
+from workers.batcher.policy import DISPATCH_MARGIN_S, Pending, Plan, plan_batch
 
 POLICY = ModelPolicy(max_batch_size=4, max_wait_s=0.015, late_binding=False)
 LATE_BINDING = ModelPolicy(max_batch_size=4, max_wait_s=0.015)

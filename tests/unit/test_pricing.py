@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.pricing import money, run_cost
+from workers.tools.pricing import money, run_cost
 
 
 def test_a_runs_cost_is_spread_over_its_requests_and_tokens_and_its_idle_share_named() -> None:

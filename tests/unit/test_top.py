@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from workers.top import Snapshot, model_tables
+from workers.tools.top import Snapshot, model_tables
 
 
 def snapshot(now: float, busy_batches: int, busy_requests: int, completed: int) -> Snapshot:

@@ -20,12 +20,12 @@ from typing import Any
 
 from config.settings import ModelPolicy
 from producer.async_client import AsyncProducer
-from workers.bench_inputs import inputs_for, poisson_arrivals, synthetic_input
-from workers.gpu import GpuSampler
-from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+from workers.local.private_fleet import PrivateFleet, private_fleet
 from workers.models.registry import token_counter
-from workers.pricing import RunCost, run_cost
-from workers.private_fleet import PrivateFleet, private_fleet
+from workers.runtime.gpu import GpuSampler
+from workers.tools.bench_inputs import inputs_for, poisson_arrivals, synthetic_input
+from workers.tools.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+from workers.tools.pricing import RunCost, run_cost
 
 UNBATCHED_SUFFIX = "-unbatched"
 RESULT_TIMEOUT_S = 300.0

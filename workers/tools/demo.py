@@ -8,11 +8,11 @@ import importlib.util
 import os
 
 from config.errors import ConfigError
-from workers.bench import BenchConfig, saturation_run
-from workers.bench_inputs import inputs_for
-from workers.load_stats import TABLE_HEADER, table_line
+from workers.local.private_fleet import private_fleet
 from workers.models.embedding import EXTRA_HINT, MODEL_NAME
-from workers.private_fleet import private_fleet
+from workers.tools.bench import BenchConfig, saturation_run
+from workers.tools.bench_inputs import inputs_for
+from workers.tools.load_stats import TABLE_HEADER, table_line
 
 
 def run_demo(requests: int = 2000, baseline: int = 2000, backend: str = "synthetic") -> int:

@@ -35,7 +35,7 @@ from rich.progress import (
 from config.errors import QueueFull, RequestIdConflict, RequestRejected
 from config.schema import Result
 from producer.client import Producer
-from workers.bulk_files import (
+from workers.tools.bulk_files import (
     BadLine,
     EarlierRuns,
     Line,
@@ -47,8 +47,8 @@ from workers.bulk_files import (
     read_earlier_runs,
     request_id_for,
 )
-from workers.load_stats import TABLE_HEADER, RunStats, Sample, table_line
-from workers.pricing import run_cost
+from workers.tools.load_stats import TABLE_HEADER, RunStats, Sample, table_line
+from workers.tools.pricing import run_cost
 
 WINDOW = 2048
 SAMPLES_KEPT = 10_000

@@ -13,7 +13,7 @@ from types import FrameType
 
 from config.errors import BatchfleetError, BrokerUnavailable, ConfigError
 from config.settings import Settings, load_settings
-from workers.cli_args import (
+from workers.cli.args import (
     non_negative_float,
     non_negative_int,
     port_number,
@@ -59,7 +59,7 @@ def _check_redis_version(settings: Settings) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.worker_main import run_worker, run_worker_per_gpu
+    from workers.runtime.process import run_worker, run_worker_per_gpu
 
     settings = load_settings()
     models = _models(settings, args.model)
@@ -74,7 +74,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_batcher(args: argparse.Namespace) -> int:
-    from workers.batcher import run_batchers
+    from workers.batcher.model_batcher import run_batchers
 
     settings = load_settings()
     models = _models(settings, args.model)
@@ -94,8 +94,8 @@ def cmd_batcher(args: argparse.Namespace) -> int:
 def cmd_top(args: argparse.Namespace) -> int:
     from config.connection import broker_errors, connect
     from config.keys import Keys
-    from workers.entries import to_text
-    from workers.top import run_top
+    from workers.protocol.entries import to_text
+    from workers.tools.top import run_top
 
     settings = load_settings()
     client, keys = connect(settings), Keys(settings.key_prefix)
@@ -117,9 +117,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from producer.client import Producer
-    from workers.bulk import JobOptions, exit_code, print_summary, submit_file
-    from workers.bulk_files import default_job_id
     from workers.models.registry import token_counter
+    from workers.tools.bulk import JobOptions, exit_code, print_summary, submit_file
+    from workers.tools.bulk_files import default_job_id
 
     settings = load_settings()
     model = args.model
@@ -150,7 +150,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_flower(args: argparse.Namespace) -> int:
     import os
 
-    from workers.celery_app import make_celery_app
+    from workers.protocol.celery_app import make_celery_app
 
     if ":" not in os.environ.get("FLOWER_BASIC_AUTH", ""):
         raise ConfigError("set FLOWER_BASIC_AUTH=user:password: Flower shows every batch")
@@ -161,7 +161,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from workers.demo import run_demo
+    from workers.tools.demo import run_demo
 
     return run_demo(requests=args.requests, baseline=args.baseline, backend=args.model)
 
@@ -169,8 +169,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workers.bench import BenchConfig, run_bench
-    from workers.gpu import gpu_count
+    from workers.runtime.gpu import gpu_count
+    from workers.tools.bench import BenchConfig, run_bench
 
     gpus = gpu_count() if args.gpu else 0
     if args.gpu and not gpus:
@@ -373,7 +373,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the one place an unexpected failure becomes one clear line
         print(f"batchfleet: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

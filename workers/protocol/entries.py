@@ -17,7 +17,7 @@ import redis
 
 from config.errors import WireFormatError
 from config.schema import STREAM_FIELD, Request, is_valid_request_id
-from workers.results import Final, error_result
+from workers.protocol.results import Final, error_result
 
 log = logging.getLogger(__name__)
 

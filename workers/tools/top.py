@@ -23,8 +23,8 @@ from rich.live import Live
 from rich.table import Table
 
 from config.keys import Keys
-from workers.entries import to_text
-from workers.pricing import money
+from workers.protocol.entries import to_text
+from workers.tools.pricing import money
 
 LATENCY_WINDOW_S = 60.0
 RATE_WINDOW_S = 5.0

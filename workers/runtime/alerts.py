@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from config.settings import AlertSettings
-from workers.gpu import GpuReading
+from workers.runtime.gpu import GpuReading
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,16 @@ from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
 from config.schema import PRIORITY_RANK
 from config.settings import Settings
-from workers.batch_cap import BatchCap
-from workers.capacity import FleetState
-from workers.celery_app import RUN_BATCH_TASK, make_celery_app
-from workers.entries import StreamEntry, ensure_group, read_entries, to_text
-from workers.metrics import batcher_registry, serve_metrics
-from workers.model_times import ModelTimeEstimate
+from workers.batcher.metrics import batcher_registry
+from workers.batcher.policy import Pending, Plan, plan_batch
 from workers.models.registry import cost_function
-from workers.policy import Pending, Plan, plan_batch
-from workers.results import ResultWriter, error_final, gave_up_final
+from workers.protocol.batch_cap import BatchCap
+from workers.protocol.capacity import FleetState
+from workers.protocol.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.protocol.entries import StreamEntry, ensure_group, read_entries, to_text
+from workers.protocol.metrics_endpoint import serve_metrics
+from workers.protocol.model_times import ModelTimeEstimate
+from workers.protocol.results import ResultWriter, error_final, gave_up_final
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from config.connection import connect
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.capacity import FleetState, GpuClaim, claim_gpu, slots_of
-from workers.celery_app import make_celery_app
-from workers.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
-from workers.metrics import serve_metrics
-from workers.tasks import WorkerRuntime, register_tasks
+from workers.protocol.capacity import FleetState, GpuClaim, claim_gpu, slots_of
+from workers.protocol.celery_app import make_celery_app
+from workers.protocol.metrics_endpoint import serve_metrics
+from workers.runtime.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
+from workers.runtime.tasks import WorkerRuntime, register_tasks
 
 log = logging.getLogger(__name__)
 

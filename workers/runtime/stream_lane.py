@@ -30,8 +30,8 @@ from config.errors import WireFormatError
 from config.keys import STREAM_GROUP, Keys
 from config.schema import ErrorCode, Request, Result
 from config.settings import Settings
-from workers.entries import ensure_group, to_text
-from workers.results import Final, ResultWriter, error_final
+from workers.protocol.entries import ensure_group, to_text
+from workers.protocol.results import Final, ResultWriter, error_final
 
 log = logging.getLogger(__name__)
 

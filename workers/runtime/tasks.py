@@ -20,9 +20,10 @@ from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, Keys, device_consumer, worker_consumer
 from config.schema import STREAM_FIELD, ErrorCode, Request, Result, canonical_json
 from config.settings import Settings
-from workers.alerts import WorkerAlerts
-from workers.batch_cap import BatchCap, is_out_of_memory
-from workers.capacity import (
+from workers.models.base import ItemError, Model
+from workers.models.registry import build_model
+from workers.protocol.batch_cap import BatchCap, is_out_of_memory
+from workers.protocol.capacity import (
     FleetState,
     GpuClaim,
     NodeBeat,
@@ -30,15 +31,14 @@ from workers.capacity import (
     slots_of,
     worker_member,
 )
-from workers.celery_app import RUN_BATCH_TASK
-from workers.entries import StreamEntry, read_entries
-from workers.gpu import GpuTelemetry
-from workers.metrics import WorkerMetrics
-from workers.model_times import MeasuredModelTimes
-from workers.models.base import ItemError, Model
-from workers.models.registry import build_model
-from workers.results import Final, ResultWriter, error_final, gave_up_final
-from workers.stream_lane import StreamLane
+from workers.protocol.celery_app import RUN_BATCH_TASK
+from workers.protocol.entries import StreamEntry, read_entries
+from workers.protocol.model_times import MeasuredModelTimes
+from workers.protocol.results import Final, ResultWriter, error_final, gave_up_final
+from workers.runtime.alerts import WorkerAlerts
+from workers.runtime.gpu import GpuTelemetry
+from workers.runtime.metrics import WorkerMetrics
+from workers.runtime.stream_lane import StreamLane
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import redis
 from config.errors import BatchfleetError
 from config.settings import Settings, load_settings
 from producer.client import Producer
-from workers.entries import to_text
-from workers.local_fleet import LocalFleet
-from workers.local_redis import LocalRedis
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import LocalRedis
+from workers.protocol.entries import to_text
 
 READY_TIMEOUT_S = 60.0
 # The one key Celery's Redis transport shares between exchanges: binding deadlines by name.

@@ -1,0 +1,1 @@
+"""The batcher process: drains each request stream into micro-batches, one Celery task each."""

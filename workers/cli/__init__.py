@@ -1,0 +1,1 @@
+"""The ``batchfleet`` command: one sub-command per process or tool."""

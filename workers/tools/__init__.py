@@ -1,0 +1,1 @@
+"""Operator tools on top of a fleet: bench, demo, bulk jobs, top."""
