@@ -18,6 +18,8 @@ from config.errors import BrokerUnavailable, RedisAccessDenied, UnsupportedRedis
 from config.settings import Settings
 
 MIN_REDIS_VERSION = (6, 2)
+# How long a loop that failed to reach Redis waits before it tries again.
+REDIS_RETRY_PAUSE_S = 0.5
 
 
 def connect(settings: Settings) -> redis.Redis:

@@ -27,6 +27,8 @@ from config.errors import ConfigError
 
 MIB = 1024 * 1024
 ENV_PREFIX = "BATCHFLEET_"
+# A worker counts as alive for this many heartbeats after its last one.
+HEARTBEAT_TTL_BEATS = 3
 CONFIG_FILE_ENV = "BATCHFLEET_CONFIG"
 
 
@@ -93,6 +95,11 @@ class BatcherSettings(BaseModel):
     # being sent again.
     max_attempts: int = Field(2, ge=2)
 
+    @property
+    def reclaim_scan_s(self) -> float:
+        """How often a batcher (and a streaming lane) looks for leases that ran out."""
+        return self.reclaim_lease_s / 4
+
 
 class WorkerSettings(BaseModel):
     """The Celery worker's execution and liveness knobs."""
@@ -110,11 +117,13 @@ class WorkerSettings(BaseModel):
     # memory a framework keeps cached (PyTorch's allocator) as used: set it for GPUs shared
     # with other processes, above the model's own peak.
     gpu_min_free_mb: int = Field(0, ge=0)
+    # Streaming requests a worker runs at once per model, each on its own, beside its batches.
+    stream_concurrency: int = Field(16, ge=1)
 
     @property
     def heartbeat_ttl_s(self) -> float:
         """How long a worker counts as alive after its last heartbeat."""
-        return 3 * self.heartbeat_s
+        return HEARTBEAT_TTL_BEATS * self.heartbeat_s
 
 
 class AlertSettings(BaseModel):
@@ -147,6 +156,9 @@ class Settings(BaseSettings):
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
     # Above the 1 s blocking reads of batchers and inbox listeners, which must not time out.
     redis_socket_timeout_s: float = Field(5.0, ge=2.0)
+    # Requests ``submit_many`` admits per round trip: the first batch can start while the
+    # rest are still being written (also capped by the model's max_queue_len).
+    submit_chunk: int = Field(256, ge=1)
     key_prefix: str = Field("bf", pattern=r"^[A-Za-z0-9_.-]+$")
     # Where ``--metrics-port`` serves /metrics: loopback unless told (0.0.0.0 in a container).
     metrics_host: str = "127.0.0.1"
@@ -180,7 +192,8 @@ class Settings(BaseSettings):
             )
         if not self.worker.heartbeat_ttl_s < self.worker.visibility_timeout_s:
             raise ValueError(
-                f"3 x worker.heartbeat_s ({self.worker.heartbeat_s}) must be below "
+                f"{HEARTBEAT_TTL_BEATS} x worker.heartbeat_s ({self.worker.heartbeat_s}) must be "
+                "below "
                 f"worker.visibility_timeout_s ({self.worker.visibility_timeout_s}): a dead "
                 "worker must look dead before Celery delivers its batch again"
             )

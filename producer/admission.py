@@ -44,6 +44,7 @@ from config.schema import (
     is_valid_request_id,
 )
 from config.settings import ModelPolicy, Settings
+from config.stream_chunks import decode_chunk, last_chunk
 from producer.fleet_policies import FleetPolicies
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,6 @@ end
 return 'cancelled'
 """
 
-SUBMIT_CHUNK = 256
 SHOWN_CHARS = 40
 # A stream's caller waits for its first chunk until the request's deadline and this long
 # after; once chunks flow, it gives up when none comes for STREAM_STALL_S.
@@ -353,10 +353,13 @@ class ProducerCore:
 
     def admission_chunks(self, prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
         """``prepared`` (one model) in the chunks admitted one round trip each: at most
-        ``SUBMIT_CHUNK``, and at most the model's queue cap, so that each fits an empty queue."""
+        ``submit_chunk``, and at most the model's queue cap, so that each fits an empty queue."""
         if not prepared:
             return []
-        return chunks(prepared, min(SUBMIT_CHUNK, self.policy(prepared[0].model).max_queue_len))
+        return chunks(
+            prepared,
+            min(self.settings.submit_chunk, self.policy(prepared[0].model).max_queue_len),
+        )
 
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model)."""
@@ -551,7 +554,7 @@ class StreamReader:
         for _, entries in reply or []:
             for entry_id, fields in entries:
                 self.last, self._last_chunk_at = entry_id, time.time()
-                chunk = json.loads(fields[b"chunk"])
+                chunk = decode_chunk(fields)
                 if chunk.get("final"):
                     self.finished = True
                     error = chunk.get("error")
@@ -576,7 +579,7 @@ class StreamReader:
         if result.error is not None:
             raise result.failure()
         output = result.output if isinstance(result.output, dict) else {"text": result.output}
-        return {"final": True, **output}
+        return last_chunk(output)
 
 
 def cached_result_head(item: Prepared) -> str:
@@ -592,7 +595,7 @@ def cached_result_head(item: Prepared) -> str:
     return json.dumps(head)[:-1] + ',"model_version":'
 
 
-def chunks(items: Sequence[T], size: int = SUBMIT_CHUNK) -> list[Sequence[T]]:
+def chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
     """Splits ``items`` into the groups sent in one round trip each (each admitted whole or
     not at all: callers cap ``size`` at the model's ``max_queue_len``, so that a chunk always
     fits an empty queue)."""

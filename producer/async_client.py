@@ -12,7 +12,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from config.connection import broker_errors
+from config.connection import REDIS_RETRY_PAUSE_S, broker_errors
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
@@ -83,7 +83,7 @@ class AsyncInboxListener:
                 item = await self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
             except redis.RedisError as exc:
                 self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(REDIS_RETRY_PAUSE_S)
                 continue
             if item is None:
                 continue
@@ -297,7 +297,7 @@ class AsyncProducer:
         futures = {request_id: self._listener.expect(request_id) for request_id in request_ids}
         try:
             pending: set[asyncio.Future[Result]] = set()
-            for batch in chunks(list(futures)):
+            for batch in chunks(list(futures), self._core.settings.submit_chunk):
                 with broker_errors():
                     pipe = self._client.pipeline(transaction=False)
                     for request_id in batch:

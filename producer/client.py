@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from config.connection import broker_errors, connect
+from config.connection import REDIS_RETRY_PAUSE_S, broker_errors, connect
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
@@ -75,7 +75,7 @@ class InboxListener:
                 item = self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
             except redis.RedisError as exc:
                 self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
-                self._closed.wait(0.5)
+                self._closed.wait(REDIS_RETRY_PAUSE_S)
                 continue
             if item is None:
                 continue
@@ -357,7 +357,7 @@ class Producer:
     ) -> Generator[Result, None, dict[Future[Result], str]]:
         """Yields the results already final; returns the futures still pending."""
         pending: dict[Future[Result], str] = {}
-        for batch in chunks(list(futures)):
+        for batch in chunks(list(futures), self._core.settings.submit_chunk):
             with broker_errors():
                 pipe = self._client.pipeline(transaction=False)
                 for request_id in batch:

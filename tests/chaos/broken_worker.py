@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from config.keys import CONSUMER_GROUP
-from workers.cli.main import main as cli
+from workers.cli.main import main
 from workers.protocol import results
 from workers.protocol.results import ResultWriter
 
@@ -36,4 +36,4 @@ if __name__ == "__main__":
         results.FINALIZE_SCRIPT = results.FINALIZE_SCRIPT.replace("'NX', ", "")
     else:
         sys.exit(f"unknown mode {mode!r}")
-    sys.exit(cli.main())
+    sys.exit(main())

@@ -29,6 +29,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from config.batch_task import RUN_BATCH_TASK
 from config.errors import BatchfleetError, BrokerUnavailable
 from config.keys import CONSUMER_GROUP, Keys, held_on_device, worker_consumer
 from config.schema import STREAM_FIELD, Result
@@ -38,7 +39,7 @@ from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
-from workers.protocol.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import to_text
 
 PREFIX = "chaos"

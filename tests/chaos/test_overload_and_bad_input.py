@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from kombu import Connection
 
+from config.batch_task import RUN_BATCH_TASK
 from config.errors import InvalidInput, RequestRejected
 from config.schema import STREAM_FIELD, Result
 from tests.chaos.harness import ChaosFleet, load_running
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
-from workers.protocol.celery_app import RUN_BATCH_TASK
 from workers.tools.load_stats import percentile
 
 MakeFleet = Callable[..., ChaosFleet]

@@ -22,7 +22,6 @@ from config.errors import (
 )
 from config.keys import Keys
 from config.settings import ModelPolicy, Settings
-from producer.admission import SUBMIT_CHUNK
 from producer.client import Producer
 
 STREAM = Keys("bf").requests("synthetic")
@@ -148,8 +147,8 @@ def test_a_refusal_past_the_first_chunk_lists_exactly_what_earlier_chunks_enqueu
     ids = [f"r{n}" for n in range(600)]
     with pytest.raises(QueueFull) as caught:
         producer.submit_many("synthetic", list(range(600)), request_ids=ids)
-    assert caught.value.accepted_ids == ids[:SUBMIT_CHUNK]
-    assert queued(fake_redis) == SUBMIT_CHUNK
+    assert caught.value.accepted_ids == ids[: roomy.submit_chunk]
+    assert queued(fake_redis) == roomy.submit_chunk
 
 
 def test_a_call_bigger_than_the_queue_cap_goes_in_chunks_that_fit(

@@ -13,6 +13,7 @@ from typing import Any
 import fakeredis
 import pytest
 
+from config.batch_task import BatchTask
 from config.keys import CONSUMER_GROUP, Keys, device_consumer
 from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
@@ -22,7 +23,7 @@ from workers.batcher.model_batcher import ModelBatcher
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
-from workers.runtime.tasks import WorkerRuntime
+from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
 STREAM = KEYS.requests("synthetic")
@@ -199,7 +200,7 @@ def run_one_batch(
     add_worker(client)
     batcher.step()
     batcher.step()
-    return runtime.run_batch(*celery.sent[-1]["args"])
+    return runtime.run_batch(BatchTask(*celery.sent[-1]["args"]))
 
 
 def test_batch_task_writes_each_result_and_clears_the_ledger(
@@ -237,7 +238,7 @@ def test_redelivered_batch_keeps_the_first_answer(
     ids = producer.submit_many("synthetic", [1, 2, 3, 4])
     run_one_batch(runtime, fake_redis, batcher, celery)
     first = {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids}
-    summary = runtime.run_batch(*celery.sent[-1]["args"])
+    summary = runtime.run_batch(BatchTask(*celery.sent[-1]["args"]))
     assert summary["ran"] == 0
     assert {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids} == first
 
@@ -328,7 +329,7 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
     batcher.step()
     assert len(celery.sent) == 1 and len(celery.sent[0]["args"][2]) == 1
     later = producer.submit_many("synthetic", ["a", "b", "c", "d", "e"])
-    runtime.run_batch(*celery.sent[0]["args"])
+    runtime.run_batch(BatchTask(*celery.sent[0]["args"]))
     rode_along = [first, *later[:3]]
     assert {stored_result(fake_redis, rid).batch_size for rid in rode_along} == {4}
     assert not any(fake_redis.exists(KEYS.result(rid)) for rid in later[3:])
@@ -438,7 +439,7 @@ def test_a_batch_celery_delivers_again_counts_an_attempt_for_what_was_on_the_dev
         dead, ["on device", "waiting"], producer, batcher, celery, fake_redis
     )
     fake_redis.hset(KEYS.attempts("synthetic"), args[2][0][0], 2)
-    runtime.run_batch(*args, redelivered=True)
+    runtime.run_batch(BatchTask(*args), redelivered=True)
     error = stored_result(fake_redis, ids[0]).error
     assert error is not None and error.code == "poison" and "died 3 times" in error.message
     assert fake_redis.xlen(KEYS.dead_letter("synthetic")) == 1
@@ -459,7 +460,7 @@ def test_a_redelivered_request_below_max_attempts_runs_alone_and_succeeds(
     (request_id,), args = one_batch_first_on(
         dead, ["on device"], producer, batcher, celery, fake_redis
     )
-    runtime.run_batch(*args, redelivered=True)
+    runtime.run_batch(BatchTask(*args), redelivered=True)
     assert stored_result(fake_redis, request_id).output == expected_output("on device")
     assert fake_redis.hlen(KEYS.attempts("synthetic")) == 0
 
@@ -479,7 +480,7 @@ def test_a_redelivered_batch_leaves_what_a_live_device_is_running_to_it(
     ids, args = one_batch_first_on(
         live, ["running elsewhere", "waiting"], producer, batcher, celery, fake_redis
     )
-    runtime.run_batch(*args, redelivered=True)
+    runtime.run_batch(BatchTask(*args), redelivered=True)
     assert not fake_redis.exists(KEYS.result(ids[0]))
     held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
     assert [(row["message_id"].decode(), row["consumer"].decode()) for row in held] == [
@@ -508,12 +509,12 @@ def test_each_request_of_a_redelivered_batch_is_answered_before_the_next_runs(
         add_worker(fake_redis)
         fleet.batcher.step()
         fleet.batcher.step()
-        model, batch_id, entries, reason = fleet.celery.sent[0]["args"]
+        task = BatchTask(*fleet.celery.sent[0]["args"])
         with pytest.raises(SystemExit):
-            fleet.runtime.run_batch(model, batch_id, entries, reason, redelivered=True)
+            fleet.runtime.run_batch(task, redelivered=True)
     assert stored_result(fake_redis, innocent).output == {"ok": "fine"}
     held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
-    assert [entry["message_id"].decode() for entry in held] == [entries[1][0]]
+    assert [entry["message_id"].decode() for entry in held] == [task.entries[1][0]]
 
 
 class RestartingRedisCelery(RecordingCelery):

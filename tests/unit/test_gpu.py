@@ -18,8 +18,9 @@ from config.keys import Keys
 from config.settings import Settings
 from workers.protocol.capacity import GpuClaim, claim_gpu
 from workers.runtime.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
+from workers.runtime.heartbeat import EXIT_GPU_LOST, Heartbeat
 from workers.runtime.process import worker_hostname
-from workers.runtime.tasks import EXIT_GPU_LOST, WorkerRuntime
+from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
 
@@ -145,7 +146,7 @@ def test_each_worker_beat_publishes_its_status_and_marks_its_device_alive(
     heartbeats; and its device consumer, alive as long."""
     runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, gpu=0)
     runtime.work.add("synthetic", requests=8, model_s=0.25, finished_at=1000.0)
-    runtime.beat()
+    Heartbeat(runtime).beat()
     published = fake_redis.hgetall(KEYS.node("gpu0@h"))
     assert published[b"gpu_temperature_c"] == b"61.0"
     assert published[b"gpu_power_w"] == b"412.5"
@@ -154,7 +155,7 @@ def test_each_worker_beat_publishes_its_status_and_marks_its_device_alive(
     assert (published[b"batches:synthetic"], published[b"requests:synthetic"]) == (b"1", b"8")
     assert float(published[b"busy_s"]) == 0.25
     assert 0 < fake_redis.pttl(KEYS.node("gpu0@h")) <= 3000
-    assert fake_redis.zscore(KEYS.devices(), runtime.device_consumer) is not None
+    assert fake_redis.zscore(KEYS.devices(), runtime.device.consumer) is not None
 
 
 def test_replicas_started_with_gpu_auto_take_one_gpu_each(
@@ -183,12 +184,13 @@ def test_a_worker_beat_renews_its_gpu_claim_and_exits_if_another_took_it(
     claim = GpuClaim(KEYS.gpu_claim("GPU-0aaa"), "host:1")
     fake_redis.set(claim.key, claim.owner, px=10)
     runtime = WorkerRuntime(Settings(), "gpu0@h", "cuda", ["synthetic"], fake_redis, 0, claim)
-    runtime.beat()
+    heartbeat = Heartbeat(runtime)
+    heartbeat.beat()
     assert fake_redis.pttl(claim.key) > 2000
     exits: list[int] = []
-    monkeypatch.setattr("workers.runtime.tasks.os._exit", exits.append)
+    monkeypatch.setattr("workers.runtime.heartbeat.os._exit", exits.append)
     fake_redis.set(claim.key, "host:2")
-    runtime.beat()
+    heartbeat.beat()
     assert exits == [EXIT_GPU_LOST]
     assert fake_redis.get(claim.key) == b"host:2"
 

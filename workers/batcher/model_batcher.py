@@ -20,7 +20,8 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from config.connection import connect
+from config.batch_task import RUN_BATCH_TASK, BatchTask
+from config.connection import REDIS_RETRY_PAUSE_S, connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
 from config.schema import PRIORITY_RANK
@@ -30,7 +31,7 @@ from workers.batcher.policy import Pending, Plan, plan_batch
 from workers.models.registry import cost_function
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState
-from workers.protocol.celery_app import RUN_BATCH_TASK, make_celery_app
+from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import StreamEntry, ensure_group, read_entries, to_text
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.protocol.model_times import ModelTimeEstimate
@@ -39,7 +40,6 @@ from workers.protocol.results import ResultWriter, error_final, gave_up_final
 log = logging.getLogger(__name__)
 
 MAX_BLOCK_S = 1.0
-RETRY_PAUSE_S = 0.5
 # Redis checks blocked clients' timeouts on its ~100 ms cron tick (hz 10), so a BLOCK shorter
 # than this wakes late; such waits are slept here, then the stream is read without blocking.
 PRECISE_BLOCK_S = 0.1
@@ -135,7 +135,7 @@ class ModelBatcher:
                 self.step()
             except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
                 log.warning("model %s: Redis unavailable (%s); retrying", self.model, exc)
-                stop.wait(RETRY_PAUSE_S)
+                stop.wait(REDIS_RETRY_PAUSE_S)
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
                     self._fail(stop)
@@ -169,7 +169,7 @@ class ModelBatcher:
         now = monotonic()
         if now >= self._next_reclaim:
             self._reclaim()
-            self._next_reclaim = now + self._lease_s / 4
+            self._next_reclaim = now + self.settings.batcher.reclaim_scan_s
         capacity = self._state.capacity(self._lease_s)
         free = capacity.free_slots(self.settings.batcher.batches_per_worker_slot)
         cap = self._batch_cap.current()
@@ -378,12 +378,14 @@ class ModelBatcher:
         batch_id = uuid.uuid4().hex
         self._state.dispatched(batch_id, reason or "other")
         try:
+            task = BatchTask(
+                self.model, batch_id, [(item.entry_id, item.raw) for item in batch], reason
+            )
             self._celery.send_task(
                 RUN_BATCH_TASK,
-                args=[self.model, batch_id, [[item.entry_id, item.raw] for item in batch], reason],
+                args=task.args(),
                 queue=self.keys.celery_queue(self.model),
-                # What Flower shows of the batch: its size, never the inputs.
-                argsrepr=f"({self.model!r}, {batch_id!r}, <{len(batch)} requests>, {reason!r})",
+                argsrepr=task.argsrepr(),
             )
         except Exception:
             self._state.undispatched(batch_id)

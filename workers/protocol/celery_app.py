@@ -7,8 +7,6 @@ from celery import Celery
 from config.keys import Keys
 from config.settings import Settings
 
-RUN_BATCH_TASK = "batchfleet.run_batch"
-
 
 def make_celery_app(settings: Settings) -> Celery:
     """A Celery app on the fleet's Redis, configured for at-least-once batches.

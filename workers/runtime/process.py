@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Literal
@@ -21,11 +18,13 @@ from config.connection import connect
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.protocol.capacity import FleetState, GpuClaim, claim_gpu, slots_of
+from workers.protocol.capacity import GpuClaim, claim_gpu, slots_of
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.runtime.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
-from workers.runtime.tasks import WorkerRuntime, register_tasks
+from workers.runtime.heartbeat import Heartbeat
+from workers.runtime.runtime import WorkerRuntime
+from workers.runtime.tasks import register_tasks
 
 log = logging.getLogger(__name__)
 
@@ -36,80 +35,7 @@ def worker_hostname(gpu: int | None) -> str:
     return f"gpu{gpu}@{host}" if gpu is not None else f"cpu-{os.getpid()}@{host}"
 
 
-EXIT_STUCK = 70
 GIL_SWITCH_INTERVAL_S = 0.0005
-WATCH_INTERVAL_S = 0.5
-
-
-class Heartbeat:
-    """Tells batchers every ``heartbeat_s`` that this worker is alive, and its slot count.
-
-    It is also the watchdog of the threads and solo pools, where Celery enforces no time
-    limit: a model call past ``time_limit_s`` ends the process, as a hard limit does in
-    prefork, so that its requests are reclaimed and a supervisor starts a fresh worker.
-    """
-
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self._runtime = runtime
-        self._states = [
-            FleetState(runtime.client, runtime.keys, model) for model in runtime.model_names
-        ]
-        self._member = runtime.member
-        self._interval_s = runtime.settings.worker.heartbeat_s
-        self._leaving = threading.Event()
-        self._warned_soft = False
-
-    def start(self) -> None:
-        threading.Thread(target=self._run, name="batchfleet-heartbeat", daemon=True).start()
-
-    def leave(self) -> None:
-        """Stops the heartbeat (the watchdog keeps watching until the process ends, so that a
-        hung model call cannot block a graceful shutdown forever)."""
-        self._leaving.set()
-        for state in self._states:
-            try:
-                state.leave(self._member)
-            except Exception as exc:
-                log.warning("could not deregister worker: %s", exc)
-
-    def _run(self) -> None:
-        while True:
-            self._watch_model_time()
-            if not self._leaving.is_set():
-                for state in self._states:
-                    try:
-                        state.heartbeat(self._member, self._runtime.settings.worker.heartbeat_ttl_s)
-                    except Exception as exc:
-                        log.warning("heartbeat failed: %s", exc)
-            time.sleep(min(self._interval_s, WATCH_INTERVAL_S))
-
-    def _watch_model_time(self) -> None:
-        limits = self._runtime.settings.worker
-        if limits.pool == "prefork":
-            return
-        busy_s = self._runtime.model_busy_s()
-        if busy_s < limits.soft_time_limit_s:
-            self._warned_soft = False
-            return
-        if busy_s < limits.time_limit_s:
-            if not self._warned_soft:
-                log.warning(
-                    "a batch has been in the model for %.1fs (soft limit %.1fs)",
-                    busy_s,
-                    limits.soft_time_limit_s,
-                )
-                self._warned_soft = True
-            return
-        log.critical(
-            "a batch has been in the model for %.1fs, past the hard limit of %.1fs: "
-            "exiting so that its requests are reclaimed and the worker replaced",
-            busy_s,
-            limits.time_limit_s,
-        )
-        for state in self._states:
-            with contextlib.suppress(Exception):
-                state.leave(self._member)
-        os._exit(EXIT_STUCK)
 
 
 def require_gpu(index: int) -> None:
@@ -162,13 +88,17 @@ def run_worker(
             log.warning("metrics: batches run in prefork children, whose figures are not served")
         serve_metrics(runtime.metrics.registry, metrics_port, settings.metrics_host)
     if pool == "prefork":
+        # Batches run in the children, each with a heartbeat of its own; the parent, where
+        # Celery takes tasks, beats only the membership.
+        # Its thread starts once the children are forked, never before a fork.
         worker_process_init.connect(lambda **_: runtime.start(), weak=False)
+        heartbeat = Heartbeat(runtime, runs_batches=False)
+        worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     else:
-        runtime.start()
+        heartbeat = runtime.start()
     app = make_celery_app(settings)
     register_tasks(app, runtime)
-    heartbeat = Heartbeat(runtime)
-    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    worker_ready.connect(lambda **_: heartbeat.join(), weak=False)
     worker_shutting_down.connect(lambda **_: heartbeat.leave(), weak=False)
     worker = app.Worker(
         hostname=hostname,

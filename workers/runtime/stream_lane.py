@@ -2,7 +2,7 @@
 
 A producer appends a streaming request to ``bf:m:{model}:stream_lane``; every worker serving a
 model that can ``stream(item)`` reads that lane (consumer group ``streamers``) and runs each
-request on its own, up to ``STREAM_CONCURRENCY`` at once, beside its batches. Each chunk goes
+request on its own, up to ``worker.stream_concurrency`` at once, beside its batches. Each chunk goes
 to ``bf:chunks:{request_id}`` in order, for the caller to read; the last carries the finish
 reason and usage, and the complete text is written as the request's result. A request
 answered before it starts (cancelled) is dropped, one past its deadline answered
@@ -16,7 +16,6 @@ a stream whose process died cannot be resumed, and after the lease it is answere
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -26,16 +25,17 @@ from typing import Any
 
 import redis
 
+from config.connection import REDIS_RETRY_PAUSE_S
 from config.errors import WireFormatError
 from config.keys import STREAM_GROUP, Keys
 from config.schema import ErrorCode, Request, Result
 from config.settings import Settings
+from config.stream_chunks import encode_chunk, error_chunk, last_chunk
 from workers.protocol.entries import ensure_group, to_text
 from workers.protocol.results import Final, ResultWriter, error_final
 
 log = logging.getLogger(__name__)
 
-STREAM_CONCURRENCY = 16
 READ_BLOCK_S = 1.0
 CHUNKS_KEPT = 10_000
 
@@ -62,8 +62,9 @@ class StreamLane:
         self._version = version
         self._lane = self._keys.stream_lane(model)
         self._writer = ResultWriter(client, self._keys, model)
-        self._pool = ThreadPoolExecutor(STREAM_CONCURRENCY, thread_name_prefix=f"stream-{model}")
-        self._running = threading.Semaphore(STREAM_CONCURRENCY)
+        concurrency = settings.worker.stream_concurrency
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"stream-{model}")
+        self._running = threading.Semaphore(concurrency)
 
     def start(self) -> None:
         """Opens the lane (producers may stream to the model from now on) and serves it."""
@@ -79,21 +80,21 @@ class StreamLane:
             try:
                 if time.monotonic() >= next_reclaim:
                     self._give_up_orphans()
-                    next_reclaim = time.monotonic() + self._settings.batcher.reclaim_lease_s / 4
+                    next_reclaim = time.monotonic() + self._settings.batcher.reclaim_scan_s
                 self._take_one()
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     log.exception("stream lane of %s failed; serving on", self._model)
-                    time.sleep(1.0)
+                    time.sleep(REDIS_RETRY_PAUSE_S)
                     continue
                 with contextlib.suppress(redis.RedisError):
                     ensure_group(self._client, self._lane, STREAM_GROUP)
             except redis.RedisError as exc:
                 log.warning("stream lane of %s: Redis unavailable (%s); retrying", self._model, exc)
-                time.sleep(1.0)
+                time.sleep(REDIS_RETRY_PAUSE_S)
             except Exception:
                 log.exception("stream lane of %s failed; serving on", self._model)
-                time.sleep(1.0)
+                time.sleep(REDIS_RETRY_PAUSE_S)
 
     def _take_one(self) -> None:
         """Waits for a free stream slot, then hands the next request (if one comes within a
@@ -167,7 +168,7 @@ class StreamLane:
         chunks_key = self._keys.chunks(request.request_id)
         pipe = self._client.pipeline(transaction=False)
         pipe.exists(self._keys.result(request.request_id))
-        pipe.xadd(chunks_key, {"chunk": json.dumps(chunk)}, maxlen=CHUNKS_KEPT, approximate=True)
+        pipe.xadd(chunks_key, encode_chunk(chunk), maxlen=CHUNKS_KEPT, approximate=True)
         pipe.pexpire(chunks_key, int(self._policy.result_ttl_s * 1000))
         pipe.xclaim(self._lane, STREAM_GROUP, self._consumer, 0, [entry_id], justid=True)
         return bool(pipe.execute()[0])
@@ -185,7 +186,7 @@ class StreamLane:
         ttl_s = self._policy.result_ttl_s
         if error is not None:
             final = error_final(request, "", code, error, ttl_s)
-            last: dict[str, Any] = {"final": True, "error": {"code": code, "message": error}}
+            last = error_chunk(code, error)
         else:
             result = Result(
                 request_id=request.request_id,
@@ -198,7 +199,7 @@ class StreamLane:
                 finished_at=time.time(),
             )
             final = Final("", result, request.digest, ttl_s)
-            last = {"final": True, **(output or {})}
+            last = last_chunk(output or {})
         (status,) = self._writer.finalize([final])
         if status == "written":
             self._send(request, last, entry_id)

@@ -1,0 +1,52 @@
+"""The node status hash (``Keys.node(hostname)``): what each worker process publishes every
+heartbeat, and ``batchfleet top`` reads.
+
+Every value is text. Counters run since the process started; ``top`` reads two statuses and
+takes the difference over the change in ``at`` (the worker's own clock).
+
+=========================  ==========================================================
+field                      value
+=========================  ==========================================================
+``at``                     when the status was written, Unix seconds
+``device``                 ``cpu``, ``cuda``…: where the models run
+``models``                 the served models, comma-separated
+``batches``                model calls so far
+``requests``               requests those calls ran
+``busy_s``                 seconds the device spent in model calls
+``last_batch_at``          when the last call finished (absent before the first)
+``batches:{model}``        model calls of one model
+``requests:{model}``       requests of one model
+``gpu_{figure}``           the GPU's latest NVML reading (``GPU_FIELDS``), when pinned
+=========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+AT = "at"
+DEVICE = "device"
+MODELS = "models"
+BATCHES = "batches"
+REQUESTS = "requests"
+BUSY_S = "busy_s"
+LAST_BATCH_AT = "last_batch_at"
+
+GPU_PREFIX = "gpu_"
+GPU_FIELDS = (
+    "gpu_index",
+    "gpu_name",
+    "gpu_utilisation",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_temperature_c",
+    "gpu_power_w",
+)
+
+
+def batches_of(model: str) -> str:
+    """The field counting ``model``'s calls."""
+    return f"{BATCHES}:{model}"
+
+
+def requests_of(model: str) -> str:
+    """The field counting the requests of ``model``'s calls."""
+    return f"{REQUESTS}:{model}"

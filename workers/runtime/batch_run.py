@@ -1,0 +1,115 @@
+"""One batch as a worker runs it: which of its requests run, and the answers it gathers.
+
+A batch's requests are sorted before the device takes them: malformed entries, requests
+already answered by an earlier delivery, past their deadline, or out of attempts are answered
+at once (their ``finals``); the rest run. Late joiners taken from the stream when the device
+frees are sorted the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from config.schema import STREAM_FIELD, Request, Result
+from workers.protocol.entries import StreamEntry, read_entries
+from workers.protocol.results import Final, ResultWriter, error_final, gave_up_final
+from workers.runtime.device import Runnable
+
+DecodedEntry = tuple[str, str, Request]
+"""A request read from its stream entry: the entry id, the raw JSON, the request."""
+
+
+@dataclass
+class BatchRun:
+    """What one delivery of a batch carries from its start to its last written answer."""
+
+    model: str
+    batch_id: str
+    flush_reason: str | None
+    writer: ResultWriter
+    ttl_s: float
+    finals: list[Final] = field(default_factory=list)
+    late: set[str] = field(default_factory=set)
+    dropped: list[str] = field(default_factory=list)
+
+    def read(self, entries: Sequence[Sequence[str]]) -> tuple[list[DecodedEntry], list[str]]:
+        """Decodes the task's ``(entry id, raw)`` pairs: the requests, and every entry id;
+        malformed entries are answered ``invalid_input``."""
+        read = read_entries(
+            [(entry_id, {STREAM_FIELD: raw}) for entry_id, raw in entries], self.model, self.ttl_s
+        )
+        self.finals.extend(read.invalid)
+        self.dropped.extend(read.dropped)
+        return read.requests, [entry_id for entry_id, _ in entries]
+
+    def count_attempts(
+        self, consumer: str, decoded: Sequence[DecodedEntry], max_attempts: int
+    ) -> tuple[list[DecodedEntry], set[str]]:
+        """The requests still to try, and the entries a live device is running now; those out
+        of attempts are answered ``poison`` and go to the dead-letter stream."""
+        attempts = self.writer.count_device_deaths(
+            consumer, [entry_id for entry_id, _, _ in decoded]
+        )
+        to_try, poison, running = [], [], set()
+        for (entry_id, raw, request), tries in zip(decoded, attempts, strict=True):
+            if tries is None:
+                running.add(entry_id)
+            elif tries >= max_attempts:
+                self.finals.append(gave_up_final(request, entry_id, tries, self.ttl_s))
+                poison.append((entry_id, raw, tries))
+            else:
+                to_try.append((entry_id, raw, request))
+        self.writer.bury(poison)
+        return to_try, running
+
+    def sort_out(self, decoded: Sequence[DecodedEntry], done: Sequence[bool]) -> list[Runnable]:
+        """The requests to run; those already answered or past their deadline are answered."""
+        runnable = []
+        now = time.time()
+        for (entry_id, _, request), answered in zip(decoded, done, strict=True):
+            if answered:
+                self.finals.append(
+                    Final(entry_id, _placeholder(request), request.digest, self.ttl_s)
+                )
+            elif request.deadline_at <= now:
+                self.finals.append(
+                    error_final(
+                        request,
+                        entry_id,
+                        "expired",
+                        "deadline passed before the request ran",
+                        self.ttl_s,
+                    )
+                )
+            else:
+                runnable.append((entry_id, request))
+        return runnable
+
+    def sort_late(self, entries: Sequence[StreamEntry]) -> list[Runnable]:
+        """The late joiners to run; malformed or expired ones are answered, unreadable
+        entries dropped."""
+        if not entries:
+            return []
+        read = read_entries(entries, self.model, self.ttl_s)
+        self.finals.extend(read.invalid)
+        self.writer.drop(read.dropped)
+        late = self.sort_out(read.requests, [False] * len(read.requests))
+        self.late.update(entry_id for entry_id, _ in late)
+        return late
+
+    def flush_reason_of(self, entry_id: str) -> str | None:
+        """Why the request ran in this batch: the batch's flush reason, or ``late``."""
+        return "late" if entry_id in self.late else self.flush_reason
+
+    def finish(self, answers: Sequence[Final]) -> None:
+        """Writes ``answers`` with every answer gathered so far (first answer wins), then
+        takes the unreadable entries out of the stream."""
+        self.writer.finalize([*self.finals, *answers])
+        self.writer.drop(self.dropped)
+
+
+def _placeholder(request: Request) -> Result:
+    """Stands in for an answer already written; the finalize script keeps the first one."""
+    return Result(request_id=request.request_id, model=request.model, finished_at=time.time())

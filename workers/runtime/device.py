@@ -1,0 +1,169 @@
+"""The worker process's one device: who holds it, what Redis knows is on it, and model calls.
+
+One device per process: batch slots overlap decoding and answer writing, never model work,
+so the next batch is ready the moment the device frees. While a model call runs, its requests
+belong to this process's device consumer in the stream, so a process that dies in that call is
+found holding exactly what was on its device.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+
+from config.keys import CONSUMER_GROUP
+from config.schema import Request
+from config.settings import Settings
+from workers.models.base import Model
+from workers.protocol.batch_cap import BatchCap, is_out_of_memory
+from workers.protocol.entries import StreamEntry
+from workers.runtime.gpu import GpuTelemetry
+
+Runnable = tuple[str, Request]
+"""A request to run: its stream entry id and the request."""
+
+
+class GpuMemoryLow(Exception):
+    """The GPU had too little memory free to start a batch: it runs in halves."""
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """One ``predict`` call over ``runnables``: their outputs, or the error all of them share."""
+
+    runnables: list[Runnable]
+    outputs: list[Any]
+    error: str | None
+    model_s: float
+    finished_at: float
+
+
+class Device:
+    """The device lock, the device consumer that holds what runs, and timed model calls."""
+
+    def __init__(
+        self, settings: Settings, client: redis.Redis, gpu: GpuTelemetry, consumer: str
+    ) -> None:
+        self.lock = threading.RLock()
+        self.consumer = consumer
+        self._settings = settings
+        self._client = client
+        self._gpu = gpu
+        self._busy_since: float | None = None
+
+    def busy_s(self) -> float:
+        """How long the device has been held by the current model call; 0 when it is free."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def memory_low(self) -> bool:
+        """Whether the pinned GPU's latest reading has less free memory than a batch needs
+        to start (``worker.gpu_min_free_mb``); False without a reading."""
+        reading = self._gpu.latest
+        reserve = self._settings.worker.gpu_min_free_mb * 2**20
+        return reading is not None and reading.memory_free_bytes < reserve
+
+    def claim(
+        self, stream: str, runnables: Sequence[Runnable], fill_to: int = 0
+    ) -> tuple[list[StreamEntry], Callable[[], None]]:
+        """Moves ``runnables`` to the device consumer, restarting their lease, for the model
+        call the caller makes next (holding ``lock``).
+
+        With ``fill_to`` it also takes requests no batcher has read yet, up to that batch
+        size (late binding), in the same round trip, and returns them. With nothing to take,
+        the claim is only sent, so the model starts at once; the returned ``confirm`` reads
+        its reply, to be called once the device is released, whatever happened.
+        """
+        ids: list[Any] = [entry_id for entry_id, _ in runnables]
+        room = fill_to - len(runnables)
+        if room > 0:
+            pipe = self._client.pipeline(transaction=False)
+            if ids:
+                pipe.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, ids, justid=True)
+            pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
+            reply: Any = pipe.execute()[-1]
+            return [entry for _, entries in reply or [] for entry in entries], _nothing
+        if not ids:
+            return [], _nothing
+        pool = self._client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command(  # type: ignore[no-untyped-call]
+                "XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID"
+            )
+        except BaseException:
+            pool.release(connection)
+            raise
+
+        def confirm() -> None:
+            try:
+                connection.read_response()
+            finally:
+                pool.release(connection)
+
+        return [], confirm
+
+    def timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
+        """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the
+        watchdog how long each call has been running, and the model's batch cap told of
+        successes and of the first out-of-memory error (the bisection's later ones are its own
+        halves). A batch that would start with too little GPU memory free runs in halves; the
+        shared cap is left alone (another process's memory, or a framework's cache, says
+        nothing about what the model needs)."""
+        lowered = checked = False
+
+        def predict(inputs: list[Any]) -> Sequence[Any]:
+            nonlocal lowered, checked
+            if not checked:
+                checked = True
+                if len(inputs) > 1 and self.memory_low():
+                    raise GpuMemoryLow(
+                        f"under {self._settings.worker.gpu_min_free_mb} MiB of GPU memory free"
+                    )
+            self._busy_since = time.monotonic()
+            try:
+                outputs = model.predict(inputs)
+            except Exception as exc:
+                if not lowered and is_out_of_memory(exc):
+                    lowered = True
+                    cap.out_of_memory(len(inputs))
+                raise
+            finally:
+                self._busy_since = None
+            cap.succeeded(len(inputs))
+            return outputs
+
+        return predict
+
+
+def isolate_failures(
+    predict: Callable[[list[Any]], Sequence[Any]], runnables: list[Runnable]
+) -> list[ModelRun]:
+    """Runs ``runnables`` through ``predict`` (the caller holds the device); a failing group
+    is halved and retried until each failure is pinned on single inputs. A soft time limit is
+    not retried: it fails the group."""
+    started = time.monotonic()
+    try:
+        outputs = list(predict([request.input for _, request in runnables]))
+        if len(outputs) != len(runnables):
+            raise ValueError(f"model returned {len(outputs)} outputs for {len(runnables)} inputs")
+    except Exception as exc:
+        if len(runnables) == 1 or isinstance(exc, SoftTimeLimitExceeded):
+            message = f"{type(exc).__name__}: {exc}"
+            failed = [None] * len(runnables)
+            return [ModelRun(runnables, failed, message, time.monotonic() - started, time.time())]
+        middle = len(runnables) // 2
+        return isolate_failures(predict, runnables[:middle]) + isolate_failures(
+            predict, runnables[middle:]
+        )
+    return [ModelRun(runnables, outputs, None, time.monotonic() - started, time.time())]
+
+
+def _nothing() -> None:
+    """A confirmation with nothing to confirm."""

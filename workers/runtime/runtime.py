@@ -1,0 +1,204 @@
+"""What one worker process holds, and how it runs a batch: its models (loaded once), its
+device, its Redis client, its name."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from config.batch_task import BatchTask
+from config.connection import connect
+from config.keys import Keys, device_consumer, worker_consumer
+from config.settings import Settings
+from workers.models.base import Model
+from workers.models.registry import build_model
+from workers.protocol.batch_cap import BatchCap
+from workers.protocol.capacity import FleetState, GpuClaim, slots_of, worker_member
+from workers.protocol.model_times import MeasuredModelTimes
+from workers.protocol.results import ResultWriter
+from workers.runtime.alerts import WorkerAlerts
+from workers.runtime.answers import answers
+from workers.runtime.batch_run import BatchRun
+from workers.runtime.device import Device, ModelRun, Runnable, isolate_failures
+from workers.runtime.gpu import GpuTelemetry
+from workers.runtime.heartbeat import Heartbeat
+from workers.runtime.metrics import WorkerMetrics
+from workers.runtime.stream_lane import StreamLane
+from workers.runtime.work_done import WorkDone
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """One worker process: its models, its device, its Redis client, its name."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        hostname: str,
+        device_name: str,
+        models: Sequence[str],
+        client: redis.Redis | None = None,
+        gpu: int | None = None,
+        gpu_claim: GpuClaim | None = None,
+    ) -> None:
+        self.settings = settings
+        self.hostname = hostname
+        self.device_name = device_name
+        self.model_names = list(models)
+        self.gpu = GpuTelemetry(gpu)
+        self.gpu_claim = gpu_claim
+        self.metrics = WorkerMetrics(self.gpu, hostname, models)
+        self.work = WorkDone()
+        self.model_times = MeasuredModelTimes()
+        self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
+        self.keys = Keys(settings.key_prefix)
+        self.client = client or connect(settings)
+        self.consumer = worker_consumer(hostname)
+        self.member = worker_member(hostname, slots_of(settings))
+        self.device = Device(settings, self.client, self.gpu, self._new_device_consumer())
+        self._models: dict[str, Model] = {}
+        self._caps: dict[str, BatchCap] = {}
+        self._load_lock = threading.Lock()
+
+    def _new_device_consumer(self) -> str:
+        return device_consumer(self.hostname, secrets.token_hex(4))
+
+    def start(self) -> Heartbeat:
+        """Readies the process that runs batches (in prefork, each child): a device consumer
+        of its own, its heartbeat (started, returned), then every served model loaded
+        (ConfigError with one clear line on failure) and the streaming lane of each that can
+        stream."""
+        self.device.consumer = self._new_device_consumer()
+        heartbeat = Heartbeat(self)
+        heartbeat.start()
+        for name in self.model_names:
+            model = self.model(name)
+            stream = getattr(model, "stream", None)
+            if callable(stream):
+                lane = StreamLane(
+                    self.settings, self.client, name, stream, self.device.consumer, model.version
+                )
+                lane.start()
+        return heartbeat
+
+    def model(self, name: str) -> Model:
+        """The model ``name``, loaded on this process's device the first time it is asked for."""
+        with self._load_lock:
+            if name not in self._models:
+                started = time.monotonic()
+                model = build_model(name, self.settings.policy(name), self.device_name)
+                # Producers key the response cache by the version workers last loaded.
+                self.client.set(self.keys.model_version(name), model.version)
+                self._models[name] = model
+                log.info(
+                    "model %s loaded on %s in %.2fs",
+                    name,
+                    self.device_name,
+                    time.monotonic() - started,
+                )
+            return self._models[name]
+
+    def batch_cap(self, model_name: str) -> BatchCap:
+        """The model's batch cap, as this process tracks it."""
+        with self._load_lock:
+            if model_name not in self._caps:
+                policy = self.settings.policy(model_name)
+                self._caps[model_name] = BatchCap(
+                    self.client, self.keys, model_name, policy.max_batch_size
+                )
+            return self._caps[model_name]
+
+    def run_batch(self, task: BatchTask, redelivered: bool = False) -> dict[str, Any]:
+        """Runs one batch and writes one final answer per request; returns a summary.
+
+        When the device frees, a batch below ``max_batch_size`` first tops itself up with
+        requests that reached the stream since the batcher formed it (late binding). A batch
+        of suspects (``isolated``) or one Celery delivers again (its worker may have died on
+        one of its inputs) runs one request per model call instead.
+        """
+        state = FleetState(self.client, self.keys, task.model)
+        policy = self.settings.policy(task.model)
+        writer = ResultWriter(self.client, self.keys, task.model, policy.cache_ttl_s)
+        batch = BatchRun(task.model, task.batch_id, task.flush_reason, writer, policy.result_ttl_s)
+        try:
+            state.batch_started(task.batch_id, self.member)
+            ran = self._run_batch(batch, task.entries, redelivered)
+        finally:
+            # The slot comes back whatever happened; requests left unanswered by a failure
+            # stay pending in the stream and are reclaimed after the lease.
+            state.batch_done(task.batch_id, self.settings.batcher.reclaim_lease_s)
+        return {"batch_id": task.batch_id, "size": len(task.entries), "ran": ran}
+
+    def _run_batch(
+        self, batch: BatchRun, entries: Sequence[Sequence[str]], redelivered: bool
+    ) -> int:
+        decoded, entry_ids = batch.read(entries)
+        if redelivered:
+            # The process this batch was delivered to died; what its device held counts an
+            # attempt, as when a batcher reclaims it, and is given up at max_attempts. What a
+            # live process's device holds is being run again there: it is left to that run.
+            decoded, running = batch.count_attempts(
+                self.consumer, decoded, self.settings.batcher.max_attempts
+            )
+            entry_ids = [entry_id for entry_id in entry_ids if entry_id not in running]
+        # Restart the lease (a running batch is never reclaimed while it can still finish)
+        # and learn which requests a previous delivery already answered.
+        done = batch.writer.claim_and_check(
+            self.consumer, entry_ids, [request.request_id for _, _, request in decoded]
+        )
+        runnable = batch.sort_out(decoded, done)
+        policy = self.settings.policy(batch.model)
+        version = self.model(batch.model).version
+        runs: list[ModelRun] = []
+        if redelivered or batch.flush_reason == "isolated":
+            # Suspects and redelivered batches run one request per model call, so that an
+            # input that kills the process is the only one on the device when it does. Each
+            # answer is written before the device takes anything else (a finished suspect
+            # still on the device when another batch kills the process would count a death);
+            # between two of them the other slots' batches may take the device.
+            for one in runnable:
+                with self.device.lock:
+                    single = self._run_on_device(batch, [one], 0)
+                    batch.writer.finalize(answers(batch, single, version, self.hostname))
+                    self._observe(batch.model, single)
+        elif runnable or policy.tops_up:
+            fill_to = self.batch_cap(batch.model).current() if policy.tops_up else 0
+            runs = self._run_on_device(batch, runnable, fill_to)
+        time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
+        batch.finish(answers(batch, runs, version, self.hostname))
+        self._observe(batch.model, runs)
+        return len(runnable) + len(batch.late)
+
+    def _run_on_device(
+        self, batch: BatchRun, runnable: list[Runnable], fill_to: int
+    ) -> list[ModelRun]:
+        """Takes the device, tops ``runnable`` up to ``fill_to`` with late joiners, and runs
+        them. The lock is held for the model only: answers are built after it frees."""
+        predict = self.device.timed(self.model(batch.model), self.batch_cap(batch.model))
+        confirm = None
+        try:
+            with self.device.lock:
+                arrived, confirm = self.device.claim(
+                    self.keys.requests(batch.model), runnable, fill_to
+                )
+                on_device = [*runnable, *batch.sort_late(arrived)]
+                return isolate_failures(predict, on_device) if on_device else []
+        finally:
+            if confirm is not None:
+                confirm()
+
+    def _observe(self, model_name: str, runs: Sequence[ModelRun]) -> None:
+        """Tells the metrics of model calls whose answers are written."""
+        for run in runs:
+            requests = [request for _, request in run.runnables]
+            self.metrics.observe_run(model_name, requests, run.model_s, run.finished_at)
+            self.work.add(model_name, len(requests), run.model_s, run.finished_at)
+            if run.error is None:
+                self.model_times.add(model_name, len(requests), run.model_s)
