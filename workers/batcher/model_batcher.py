@@ -1,8 +1,8 @@
 """The batcher: reads each model's request stream and sends micro-batches as Celery tasks.
 
 One thread per model. Requests stay pending in the stream's consumer group until a worker
-writes their final answer, so a request held by a dead batcher or worker is reclaimed with
-``XAUTOCLAIM`` after ``batcher.reclaim_lease_s`` and sent again.
+writes their final answer, so a request held by a dead batcher or worker is found idle past
+``batcher.reclaim_lease_s`` (``XPENDING … IDLE``), taken over (``XCLAIM``) and sent again.
 """
 
 from __future__ import annotations

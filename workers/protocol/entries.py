@@ -56,7 +56,7 @@ def read_entries(entries: Sequence[StreamEntry], model: str, result_ttl_s: float
     """
     read = ReadEntries()
     for entry_id_raw, fields in entries:
-        if entry_id_raw is None:  # Redis 6.2's XAUTOCLAIM names deleted entries this way
+        if entry_id_raw is None:  # Redis 6.2's XCLAIM names deleted entries this way
             continue
         entry_id = to_text(entry_id_raw)
         raw = (

@@ -72,9 +72,9 @@ class StreamLane:
         threading.Thread(target=self._run, name=f"stream-lane-{self._model}", daemon=True).start()
 
     def _run(self) -> None:
-        """Takes one request at a time while a stream slot is free; rides out Redis outages
-        (a Redis that came back empty gets the lane again) and logs anything else, serving
-        on."""
+        """Takes one request at a time while fewer than ``stream_concurrency`` run; rides out
+        Redis outages (a Redis that came back empty gets the lane again) and logs anything
+        else, serving on."""
         next_reclaim = 0.0
         while True:
             try:
@@ -97,8 +97,8 @@ class StreamLane:
                 time.sleep(REDIS_RETRY_PAUSE_S)
 
     def _take_one(self) -> None:
-        """Waits for a free stream slot, then hands the next request (if one comes within a
-        second) to the pool."""
+        """Waits until fewer than ``stream_concurrency`` run, then hands the next request (if
+        one comes within a second) to the pool."""
         self._running.acquire()
         try:
             entry = self._read()
