@@ -15,7 +15,7 @@ from workers.runtime.device import ModelRun
 log = logging.getLogger(__name__)
 
 
-def answers(batch: BatchRun, runs: list[ModelRun], version: str, worker: str) -> list[Final]:
+def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str) -> list[Final]:
     """One final answer per request of the model runs: its output, or an error for the
     inputs that failed alone (the model's ``ItemError`` code, else ``model_error``) and the
     outputs that cannot travel as JSON."""

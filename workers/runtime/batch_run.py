@@ -103,10 +103,10 @@ class BatchRun:
         """Why the request ran in this batch: the batch's flush reason, or ``late``."""
         return "late" if entry_id in self.late else self.flush_reason
 
-    def finish(self, answers: Sequence[Final]) -> None:
-        """Writes ``answers`` with every answer gathered so far (first answer wins), then
-        takes the unreadable entries out of the stream."""
-        self.writer.finalize([*self.finals, *answers])
+    def finish(self, computed: Sequence[Final]) -> None:
+        """Writes the answers ``computed`` by the model with every answer gathered so far
+        (first answer wins), then takes the unreadable entries out of the stream."""
+        self.writer.finalize([*self.finals, *computed])
         self.writer.drop(self.dropped)
 
 

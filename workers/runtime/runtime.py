@@ -23,7 +23,7 @@ from workers.protocol.capacity import FleetState, GpuClaim, slots_of, worker_mem
 from workers.protocol.model_times import MeasuredModelTimes
 from workers.protocol.results import ResultWriter
 from workers.runtime.alerts import WorkerAlerts
-from workers.runtime.answers import answers
+from workers.runtime.answers import answers_of
 from workers.runtime.batch_run import BatchRun
 from workers.runtime.device import Device, ModelRun, Runnable, isolate_failures
 from workers.runtime.gpu import GpuTelemetry
@@ -166,13 +166,13 @@ class WorkerRuntime:
             for one in runnable:
                 with self.device.lock:
                     single = self._run_on_device(batch, [one], 0)
-                    batch.writer.finalize(answers(batch, single, version, self.hostname))
+                    batch.writer.finalize(answers_of(batch, single, version, self.hostname))
                     self._observe(batch.model, single)
         elif runnable or policy.tops_up:
             fill_to = self.batch_cap(batch.model).current() if policy.tops_up else 0
             runs = self._run_on_device(batch, runnable, fill_to)
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
-        batch.finish(answers(batch, runs, version, self.hostname))
+        batch.finish(answers_of(batch, runs, version, self.hostname))
         self._observe(batch.model, runs)
         return len(runnable) + len(batch.late)
 
