@@ -289,7 +289,7 @@ class ModelBatcher:
         read = read_entries(entries, self.model, self.policy.result_ttl_s)
         refused = []
         poison = []
-        for entry_id, raw, request in read.requests:
+        for entry_id, raw, request in read.decoded:
             if entry_id in self._pending:
                 continue
             tries = (attempts or {}).get(entry_id, 0)
@@ -352,7 +352,7 @@ class ModelBatcher:
                 "deadline passed before the request ran",
                 self.policy.result_ttl_s,
             )
-            for entry_id, _, request in read.requests
+            for entry_id, _, request in read.decoded
             if request.deadline_at <= now
         ]
         if finals:

@@ -22,6 +22,9 @@ from workers.protocol.results import Final, error_result
 log = logging.getLogger(__name__)
 
 StreamEntry = tuple[Any, dict[Any, Any]]
+"""A stream entry as Redis returns it: its id and its fields."""
+DecodedEntry = tuple[str, str, Request]
+"""A request read from its stream entry: the entry id, the raw JSON, the request."""
 
 
 def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
@@ -43,7 +46,7 @@ def to_text(value: Any) -> str:
 class ReadEntries:
     """Entries sorted by what happens next."""
 
-    requests: list[tuple[str, str, Request]] = field(default_factory=list)
+    decoded: list[DecodedEntry] = field(default_factory=list)
     invalid: list[Final] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
 
@@ -77,7 +80,7 @@ def read_entries(entries: Sequence[StreamEntry], model: str, result_ttl_s: float
                 result = error_result(request_id, model, "invalid_input", str(exc))
                 read.invalid.append(Final(entry_id, result, digest="", ttl_s=result_ttl_s))
             continue
-        read.requests.append((entry_id, raw, request))
+        read.decoded.append((entry_id, raw, request))
     return read
 
 

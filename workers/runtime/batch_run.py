@@ -13,12 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from config.schema import STREAM_FIELD, Request, Result
-from workers.protocol.entries import StreamEntry, read_entries
+from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
 from workers.protocol.results import Final, ResultWriter, error_final, gave_up_final
 from workers.runtime.device import Runnable
-
-DecodedEntry = tuple[str, str, Request]
-"""A request read from its stream entry: the entry id, the raw JSON, the request."""
 
 
 @dataclass
@@ -42,7 +39,7 @@ class BatchRun:
         )
         self.finals.extend(read.invalid)
         self.dropped.extend(read.dropped)
-        return read.requests, [entry_id for entry_id, _ in entries]
+        return read.decoded, [entry_id for entry_id, _ in entries]
 
     def count_attempts(
         self, consumer: str, decoded: Sequence[DecodedEntry], max_attempts: int
@@ -95,7 +92,7 @@ class BatchRun:
         read = read_entries(entries, self.model, self.ttl_s)
         self.finals.extend(read.invalid)
         self.writer.drop(read.dropped)
-        late = self.sort_out(read.requests, [False] * len(read.requests))
+        late = self.sort_out(read.decoded, [False] * len(read.decoded))
         self.late.update(entry_id for entry_id, _ in late)
         return late
 
