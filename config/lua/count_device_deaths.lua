@@ -33,6 +33,8 @@ for i = FIRST_ENTRY, #ARGV do
   counts[#counts + 1] = count
 end
 if #claim > 0 then
-  redis.call('XCLAIM', stream, group, claiming_consumer, 0, unpack(claim), 'JUSTID')
+  -- unpack() spreads the ids only as the last argument; JUSTID goes on the table.
+  claim[#claim + 1] = 'JUSTID'
+  redis.call('XCLAIM', stream, group, claiming_consumer, 0, unpack(claim))
 end
 return counts
