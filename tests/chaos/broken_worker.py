@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from config import lua
 from config.keys import CONSUMER_GROUP
-from workers.cli.main import main as cli
+from workers.cli.main import main
 from workers.protocol.results import ResultWriter
 
 claim_and_check = ResultWriter.claim_and_check
@@ -47,4 +47,4 @@ if __name__ == "__main__":
         lua.source = overwriting_source  # type: ignore[assignment]
     else:
         sys.exit(f"unknown mode {mode!r}")
-    sys.exit(cli.main())
+    sys.exit(main())
