@@ -32,8 +32,9 @@ key                         type    writer                    reader            
 ``bf:policies``             hash    batcher (start)           producer           none
                             model→
                             policy
-``bf:c:{model}:{version}:`` string  worker (answer written)   producer           cache_ttl_s
-``{digest}``                output
+``bf:c:{model}:{digest}``   string  worker (answer written)   producer           cache_ttl_s
+                            version+
+                            output
 ``bf:m:{model}:stream_lane`` stream producer (stream)       worker (streamers) entries XDEL'd
 ``bf:chunks:{request_id}``  stream  worker (streaming)        producer           result_ttl_s
 ``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
@@ -44,7 +45,9 @@ key                         type    writer                    reader            
 ``bf:inbox:{producer_id}``  list    worker, batcher           producer (BLPOP)   result_ttl_s
 ==========================  ======  ========================  =================  ===============
 
-``bf:r`` holds the request's digest (model and input), ``bf:w`` the inbox keys of producers
+``bf:r`` holds the request's digest (model and input), and while it is queued its stream
+entry and model (``digest:entry:model``), ``bf:c`` the output tagged with the model version
+that computed it (``config.schema.cache_entry``), ``bf:w`` the inbox keys of producers
 waiting for it, ``bf:res`` and the inbox entries the result JSON; ``bf:m:…:workers`` members
 are ``hostname|slots`` scored by heartbeat expiry, ``…:inflight`` members batch ids scored by
 dispatch time (Redis server time).
@@ -121,21 +124,20 @@ class Keys:
         return f"{self.prefix}:m:{model}:attempts"
 
     def stats(self, model: str) -> str:
-        """The model's request counters since the fleet's Redis began: ``accepted``,
-        ``refused:{reason}``, ``completed``, ``failed:{code}``."""
+        """The model's request and batch counters since the fleet's Redis began; its fields
+        are named in ``config.stats_fields``."""
         return f"{self.prefix}:m:{model}:stats"
 
     def model_version(self, model: str) -> str:
-        """The version the model's workers last loaded (``Model.version``): part of every
-        cache key, so a new version starts with an empty cache."""
+        """The version the model's workers last loaded (``Model.version``): a cache entry
+        answers only while it matches the version the entry carries, so a new version starts
+        with an empty cache."""
         return f"{self.prefix}:m:{model}:version"
 
-    def cache_prefix(self, model: str) -> str:
-        return f"{self.prefix}:c:{model}:"
-
-    def cache(self, model: str, version: str, digest: str) -> str:
-        """The cached output of an input (by its digest) for one version of the model."""
-        return f"{self.cache_prefix(model)}{version}:{digest}"
+    def cache(self, model: str, digest: str) -> str:
+        """The cached output of an input (by its digest), tagged with the model version
+        that computed it."""
+        return f"{self.prefix}:c:{model}:{digest}"
 
     def stream_lane(self, model: str) -> str:
         """Streaming requests of the model: a lane of their own, past the batcher."""

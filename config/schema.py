@@ -196,3 +196,11 @@ class Result(BaseModel):
             raise WireFormatError(f"malformed result: {exc.errors()[0]['msg']}", raw=raw) from exc
         except (ValueError, RecursionError) as exc:
             raise WireFormatError(f"malformed result: {exc}", raw=raw) from exc
+
+
+def cache_entry(model_version: str, output_json: str) -> str:
+    """A response cache entry (``Keys.cache``): ``<version's UTF-8 byte length>:<version>``
+    then the output's JSON. The admission script (``admit.lua``) answers from it only while
+    that version is the model's current one; the length makes the tag unambiguous whatever
+    the version holds."""
+    return f"{len(model_version.encode())}:{model_version}{output_json}"

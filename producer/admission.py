@@ -1,4 +1,6 @@
-"""The producer's I/O-free core: request preparation, the Lua scripts, and their replies.
+"""The producer's I/O-free core: request preparation, the Lua scripts' keys and args (the
+scripts are ``config/lua/admit.lua``, ``watch.lua``, ``stream_admit.lua``, ``cancel.lua``),
+and their replies.
 
 ``Producer`` and ``AsyncProducer`` differ only in how they talk to Redis; everything they
 decide is decided here.
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from config import stats_fields
 from config.errors import (
     DeadlinePassed,
     InputTooLarge,
@@ -51,155 +54,9 @@ log = logging.getLogger(__name__)
 
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 
-# Admits a chunk of requests for one model, all or nothing: when one id is reused with another
-# input, or the queue has no room for every new request, nothing of the chunk is written and
-# the refused ones say why ('conflict', 'full'; new and cached ones 'withheld', ids already
-# queued with the same input stay 'duplicate'). Otherwise each id is
-# deduplicated by its record, an input the model's response cache holds (for its current
-# version) is answered at once without entering the queue, and the rest are appended to the
-# stream.
-# A request's record holds ``digest:entry id:model`` while it is queued (``digest`` alone for
-# a cache hit): the digest makes resubmission idempotent, the entry lets ``cancel`` find it.
-# KEYS: stream, model's stats hash, model's version key, then per request: its record, its
-#       result
-# ARGV: max_queue_len, stream field, cache key prefix ('' = no cache), then per request:
-#       digest, request json, record ttl ms, cached result's JSON head, result ttl ms; last,
-#       the model's name
-ADMIT_SCRIPT = """
-local statuses, hits = {}, {}
-local conflicts, fresh = 0, 0
-local version = false
-if ARGV[3] ~= '' then version = redis.call('GET', KEYS[3]) end
-for i = 4, #KEYS, 2 do
-  local n = (i - 4) / 2
-  local digest = ARGV[4 + n * 5]
-  local record = redis.call('GET', KEYS[i])
-  if record then
-    if string.sub(record, 1, #digest) == digest then statuses[n + 1] = 'duplicate'
-    else statuses[n + 1] = 'conflict'; conflicts = conflicts + 1 end
-  else
-    if version then hits[n + 1] = redis.call('GET', ARGV[3] .. version .. ':' .. digest) end
-    if hits[n + 1] then statuses[n + 1] = 'cached'
-    else statuses[n + 1] = 'new'; fresh = fresh + 1 end
-  end
-end
-local refused = false
-if conflicts > 0 then
-  refused = 'conflict'
-  redis.call('HINCRBY', KEYS[2], 'refused:id_conflict', conflicts)
-elseif fresh > 0 and redis.call('XLEN', KEYS[1]) + fresh > tonumber(ARGV[1]) then
-  refused = 'full'
-  redis.call('HINCRBY', KEYS[2], 'refused:queue_full', fresh)
-end
-if refused then
-  for n, status in ipairs(statuses) do
-    if status == 'new' and refused == 'full' then statuses[n] = 'full'
-    elseif status == 'new' or status == 'cached' then statuses[n] = 'withheld' end
-  end
-  return statuses
-end
-local accepted, cached = 0, 0
-for n, status in ipairs(statuses) do
-  local i, at = 4 + (n - 1) * 2, 4 + (n - 1) * 5
-  if status == 'cached' then
-    redis.call('SET', KEYS[i], ARGV[at], 'PX', ARGV[at + 4])
-    redis.call('SET', KEYS[i + 1],
-      ARGV[at + 3] .. cjson.encode(version) .. ',"output":' .. hits[n] .. '}', 'PX', ARGV[at + 4])
-    cached = cached + 1
-  elseif status == 'new' then
-    local entry = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[at + 1])
-    redis.call('SET', KEYS[i], ARGV[at] .. ':' .. entry .. ':' .. ARGV[#ARGV], 'PX', ARGV[at + 2])
-    statuses[n] = 'accepted'
-    accepted = accepted + 1
-  end
-end
-if accepted > 0 then redis.call('HINCRBY', KEYS[2], 'accepted', accepted) end
-if version and cached > 0 then redis.call('HINCRBY', KEYS[2], 'cache:hit', cached) end
-if version and accepted > 0 then redis.call('HINCRBY', KEYS[2], 'cache:miss', accepted) end
-return statuses
-"""
-
-# KEYS: result, request record, waiters
-# ARGV: inbox key
-WATCH_SCRIPT = """
-local result = redis.call('GET', KEYS[1])
-if result then return {'done', result} end
-local ttl = redis.call('PTTL', KEYS[2])
-if ttl < 0 then return {'unknown', ''} end
-redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('PEXPIRE', KEYS[3], ttl)
-return {'pending', ''}
-"""
-
-# Admits one streaming request to its model's streaming lane (past the batcher): refused when
-# no worker serves that lane (the model cannot stream) or it holds max_queue_len;
-# deduplicated by its record.
-# KEYS: record, lane, model's stats hash
-# ARGV: digest, request json, record ttl ms, max_queue_len, stream field
-STREAM_ADMIT_SCRIPT = """
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[2])
-if not ok or #groups == 0 then return 'unstreamable' end
-local record = redis.call('GET', KEYS[1])
-if record then
-  if string.sub(record, 1, #ARGV[1]) == ARGV[1] then return 'duplicate' end
-  redis.call('HINCRBY', KEYS[3], 'refused:id_conflict', 1)
-  return 'conflict'
-end
-if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[4]) then
-  redis.call('HINCRBY', KEYS[3], 'refused:queue_full', 1)
-  return 'full'
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('XADD', KEYS[2], '*', ARGV[5], ARGV[2])
-redis.call('HINCRBY', KEYS[3], 'accepted', 1)
-return 'accepted'
-"""
-
-# Ends a request ``cancelled`` unless it has its final answer: a request no batcher has read
-# yet leaves the stream at once (it never runs); one a batcher or a waiting batch holds is
-# skipped when its batch starts (its answer exists); one on a device now runs on, and its
-# output is discarded (first answer wins).
-# KEYS: request record, result, waiters
-# ARGV: the cancelled result's JSON head (the script appends the model), result ttl ms, key
-#       prefix, consumer group
-CANCEL_SCRIPT = """
-local record = redis.call('GET', KEYS[1])
-if not record then return 'unknown' end
-local _, _, entry, model = string.find(record, '^[^:]*:([^:]*):(.*)$')
-local result = ARGV[1] .. cjson.encode(model or '') .. '}'
-if not redis.call('SET', KEYS[2], result, 'NX', 'PX', ARGV[2]) then return 'final' end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-for _, inbox in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  redis.call('LPUSH', inbox, result)
-  redis.call('PEXPIRE', inbox, ARGV[2])
-end
-redis.call('DEL', KEYS[3])
-if not entry then return 'cancelled' end
-local prefix = ARGV[3] .. ':m:' .. model .. ':'
-redis.call('HINCRBY', prefix .. 'stats', 'failed:cancelled', 1)
-local stream = prefix .. 'requests'
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
-local delivered = '0-0'
-if ok then
-  for _, group in ipairs(groups) do
-    local fields = {}
-    for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
-    if fields['name'] == ARGV[4] then delivered = fields['last-delivered-id'] end
-  end
-end
-local function parts(id)
-  local _, _, ms, seq = string.find(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local ems, eseq = parts(entry)
-local dms, dseq = parts(delivered)
-if ems > dms or (ems == dms and eseq > dseq) then
-  redis.call('XDEL', stream, entry)
-  return 'removed'
-end
-return 'cancelled'
-"""
-
+# The cancel script's reply when the record changed between the caller's read and the script
+# (the id was admitted again): the caller reads it again and retries.
+RECORD_CHANGED = "changed"
 SHOWN_CHARS = 40
 # A stream's caller waits for its first chunk until the request's deadline and this long
 # after; once chunks flow, it gives up when none comes for STREAM_STALL_S.
@@ -362,17 +219,26 @@ class ProducerCore:
         )
 
     def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
-        """The keys and args of one admission script call for ``chunk`` (one model)."""
+        """The keys and args of one admission script call for ``chunk`` (one model), in the
+        layout ``admit.lua`` names."""
         model = chunk[0].model
         policy = self.policy(model)
         keys = [self.keys.requests(model), self.keys.stats(model), self.keys.model_version(model)]
-        cache = self.keys.cache_prefix(model) if policy.cache_ttl_s is not None else ""
-        args: list[str | int] = [policy.max_queue_len, STREAM_FIELD, cache]
+        args: list[str | int] = [
+            policy.max_queue_len,
+            STREAM_FIELD,
+            "1" if policy.cache_ttl_s is not None else "",
+            model,
+            stats_fields.ACCEPTED,
+            stats_fields.refused(RequestIdConflict.reason),
+            stats_fields.refused(QueueFull.reason),
+            stats_fields.CACHE_HIT,
+            stats_fields.CACHE_MISS,
+        ]
         for item in chunk:
-            keys += [item.record_key, item.result_key]
+            keys += [item.record_key, item.result_key, self.keys.cache(model, item.digest)]
             args += [item.digest, item.encoded, item.record_ttl_ms]
             args += [cached_result_head(item), item.result_ttl_ms]
-        args.append(model)
         return keys, args
 
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
@@ -380,7 +246,7 @@ class ProducerCore:
         fleet does not serve (its name is the caller's, and metrics label only served ones)."""
         if model not in self.fleet.models:
             return None
-        return self.keys.stats(model), f"refused:{refusal.reason}"
+        return self.keys.stats(model), stats_fields.refused(refusal.reason)
 
     @staticmethod
     def _check_request_id(request_id: str | None) -> str:
@@ -459,32 +325,57 @@ class ProducerCore:
         """The keys and args of the streaming admission script for ``item``."""
         keys = [item.record_key, self.keys.stream_lane(item.model), self.keys.stats(item.model)]
         cap = self.policy(item.model).max_queue_len
-        return keys, [item.digest, item.encoded, item.record_ttl_ms, cap, STREAM_FIELD]
+        counted = [
+            stats_fields.ACCEPTED,
+            stats_fields.refused(RequestIdConflict.reason),
+            stats_fields.refused(QueueFull.reason),
+        ]
+        return keys, [item.digest, item.encoded, item.record_ttl_ms, cap, STREAM_FIELD, *counted]
 
-    def cancel_call(self, request_id: str) -> tuple[list[str], list[str | int]]:
-        """The keys and args of the cancel script for ``request_id``."""
+    def cancel_call(
+        self, request_id: str, record: bytes | str | None
+    ) -> tuple[list[str], list[str | int | bytes]]:
+        """The keys and args of the cancel script for ``request_id``, given its admission
+        record as just read (None: there is none). A queued request's record names its model
+        and stream entry (``digest:entry:model``): the call then carries that model's keys."""
         ttl_s = max(policy.result_ttl_s for policy in self.fleet.models.values())
-        head = {
+        entry, model = queued_at(record)
+        result = {
             "request_id": request_id,
             "error": {"code": "cancelled", "message": "cancelled by its caller"},
             "finished_at": time.time(),
+            "model": model,
         }
         keys = [
             self.keys.request(request_id),
             self.keys.result(request_id),
             self.keys.waiters(request_id),
         ]
-        head_json = json.dumps(head)[:-1] + ',"model":'
-        return keys, [head_json, int(ttl_s * 1000), self.settings.key_prefix, CONSUMER_GROUP]
+        if entry:
+            keys += [self.keys.stats(model), self.keys.requests(model)]
+        args: list[str | int | bytes] = [
+            b"" if record is None else record,
+            json.dumps(result),
+            int(ttl_s * 1000),
+            CONSUMER_GROUP,
+            entry,
+            stats_fields.failed("cancelled"),
+        ]
+        return keys, args
 
     @staticmethod
-    def read_cancel(request_id: str, reply: str | bytes) -> bool:
+    def cancel_status(reply: str | bytes) -> str:
+        """The cancel script's reply: ``RECORD_CHANGED`` (read the record and call again) or
+        what ``read_cancel`` reads."""
+        return reply.decode() if isinstance(reply, bytes) else reply
+
+    @staticmethod
+    def read_cancel(request_id: str, status: str) -> bool:
         """Whether the cancel script ended the request (False: it had its final answer).
 
         Raises:
             UnknownRequest: the id was never accepted or its result has expired.
         """
-        status = reply.decode() if isinstance(reply, bytes) else reply
         if status == "unknown":
             raise UnknownRequest(
                 f"request {abbreviated(request_id)} is unknown: never accepted, or its result"
@@ -580,6 +471,19 @@ class StreamReader:
             raise result.failure()
         output = result.output if isinstance(result.output, dict) else {"text": result.output}
         return last_chunk(output)
+
+
+def queued_at(record: bytes | str | None) -> tuple[str, str]:
+    """The stream entry and model named in an admission record (``digest:entry:model``, as
+    ``admit.lua`` writes it while the request is queued); ``("", "")`` for a record that
+    holds the digest alone (answered from the cache, or a streaming request) or none."""
+    if record is None:
+        return "", ""
+    text = record.decode() if isinstance(record, bytes) else record
+    parts = text.split(":", 2)
+    if len(parts) < 3:
+        return "", ""
+    return parts[1], parts[2]
 
 
 def cached_result_head(item: Prepared) -> str:

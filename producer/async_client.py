@@ -12,16 +12,14 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from config import lua
 from config.connection import REDIS_RETRY_PAUSE_S, broker_errors
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
-    ADMIT_SCRIPT,
-    CANCEL_SCRIPT,
     INBOX_DRAIN,
-    STREAM_ADMIT_SCRIPT,
-    WATCH_SCRIPT,
+    RECORD_CHANGED,
     Prepared,
     ProducerCore,
     StreamReader,
@@ -118,10 +116,10 @@ class AsyncProducer:
     ) -> None:
         self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
         self._client = client or connect_async(self._core.settings)
-        self._admit = self._client.register_script(ADMIT_SCRIPT)
-        self._watch = self._client.register_script(WATCH_SCRIPT)
-        self._cancel = self._client.register_script(CANCEL_SCRIPT)
-        self._stream_admit = self._client.register_script(STREAM_ADMIT_SCRIPT)
+        self._admit = lua.register(self._client, "admit")
+        self._watch = lua.register(self._client, "watch")
+        self._cancel = lua.register(self._client, "cancel")
+        self._stream_admit = lua.register(self._client, "stream_admit")
         self._listener = AsyncInboxListener(
             listen_client or connect_async(self._core.settings), self._core.inbox
         )
@@ -276,11 +274,15 @@ class AsyncProducer:
 
     async def cancel(self, request_id: str) -> bool:
         """Cancels a request; see ``Producer.cancel``."""
-        keys, args = self._core.cancel_call(request_id)
+        record_key = self._core.keys.request(request_id)
         with broker_errors():
-            reply = await self._cancel(keys=keys, args=args)
+            status = RECORD_CHANGED
+            while status == RECORD_CHANGED:
+                record = await self._client.get(record_key)
+                keys, args = self._core.cancel_call(request_id, record)
+                status = self._core.cancel_status(await self._cancel(keys=keys, args=args))
         self._core.answered(request_id)
-        return self._core.read_cancel(request_id, reply)
+        return self._core.read_cancel(request_id, status)
 
     async def _cancel_quietly(self, request_ids: Sequence[str]) -> None:
         """Cancels each of ``request_ids``, best effort (a close or a cancellation goes on)."""

@@ -12,16 +12,14 @@ from typing import Any
 
 import redis
 
+from config import lua
 from config.connection import REDIS_RETRY_PAUSE_S, broker_errors, connect
 from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
-    ADMIT_SCRIPT,
-    CANCEL_SCRIPT,
     INBOX_DRAIN,
-    STREAM_ADMIT_SCRIPT,
-    WATCH_SCRIPT,
+    RECORD_CHANGED,
     Prepared,
     ProducerCore,
     StreamReader,
@@ -112,10 +110,10 @@ class Producer:
     ) -> None:
         self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
         self._client = client or connect(self._core.settings)
-        self._admit = self._client.register_script(ADMIT_SCRIPT)
-        self._watch = self._client.register_script(WATCH_SCRIPT)
-        self._cancel = self._client.register_script(CANCEL_SCRIPT)
-        self._stream_admit = self._client.register_script(STREAM_ADMIT_SCRIPT)
+        self._admit = lua.register(self._client, "admit")
+        self._watch = lua.register(self._client, "watch")
+        self._cancel = lua.register(self._client, "cancel")
+        self._stream_admit = lua.register(self._client, "stream_admit")
         self._listener = InboxListener(
             listen_client or connect(self._core.settings), self._core.inbox
         )
@@ -325,11 +323,15 @@ class Producer:
             UnknownRequest: the id was never accepted, or its result expired.
             BrokerUnavailable: Redis cannot be reached.
         """
-        keys, args = self._core.cancel_call(request_id)
+        record_key = self._core.keys.request(request_id)
         with broker_errors():
-            reply = self._cancel(keys=keys, args=args)
+            status = RECORD_CHANGED
+            while status == RECORD_CHANGED:
+                record = self._client.get(record_key)
+                keys, args = self._core.cancel_call(request_id, record)
+                status = self._core.cancel_status(self._cancel(keys=keys, args=args))
         self._core.answered(request_id)
-        return self._core.read_cancel(request_id, reply)
+        return self._core.read_cancel(request_id, status)
 
     def _results(self, request_ids: Sequence[str], timeout_s: float | None) -> Iterator[Result]:
         if timeout_s is None:

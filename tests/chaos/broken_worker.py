@@ -4,7 +4,7 @@
 - ``ack-on-receipt``: acknowledges a batch's stream entries when the batch starts, before any
   result is written (what ack-on-receipt queues do): killed mid-batch, it loses requests;
 - ``overwrite``: writes results without "first write wins": a batch delivered twice writes
-  a second answer.
+  a second answer (the finalize script's source, as the registry hands it out, loses ``NX``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from config import lua
 from config.keys import CONSUMER_GROUP
 from workers.cli.main import main
-from workers.protocol import results
 from workers.protocol.results import ResultWriter
 
 claim_and_check = ResultWriter.claim_and_check
+script_source = lua.source
 
 
 def ack_on_receipt(
@@ -28,12 +29,22 @@ def ack_on_receipt(
     return claim_and_check(self, consumer, entry_ids, request_ids)
 
 
+def overwriting_source(name: str) -> str:
+    """The scripts' sources, with the finalize script writing whether or not a result exists."""
+    text = script_source(name)
+    if name != "finalize":
+        return text
+    if "'NX', " not in text:
+        sys.exit("overwrite: the finalize script no longer writes with 'NX'")
+    return text.replace("'NX', ", "")
+
+
 if __name__ == "__main__":
     mode = sys.argv.pop(1)
     if mode == "ack-on-receipt":
         ResultWriter.claim_and_check = ack_on_receipt  # type: ignore[method-assign]
     elif mode == "overwrite":
-        results.FINALIZE_SCRIPT = results.FINALIZE_SCRIPT.replace("'NX', ", "")
+        lua.source = overwriting_source  # type: ignore[assignment]
     else:
         sys.exit(f"unknown mode {mode!r}")
     sys.exit(main())

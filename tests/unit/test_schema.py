@@ -9,6 +9,7 @@ from config.schema import (
     ErrorInfo,
     Request,
     Result,
+    cache_entry,
     canonical_json,
     encode_request,
     input_digest,
@@ -105,3 +106,9 @@ def test_fast_request_encoding_decodes_to_the_same_request() -> None:
         deadline_at=1796045533.987654,
     )
     assert json.loads(wire) == json.loads(request.encode())
+
+
+def test_a_cache_entry_tags_its_output_with_the_versions_byte_length_and_the_version() -> None:
+    """The tag is unambiguous whatever the version holds (colons, non-ASCII)."""
+    assert cache_entry("v1", '{"a":1}') == '2:v1{"a":1}'
+    assert cache_entry("é:2", "[]") == "4:é:2[]"

@@ -1,7 +1,8 @@
 """Prometheus metrics the batcher serves: the fleet's view of each model, read from Redis.
 
 Queue depth and oldest request age, and the request and batch counters that producers,
-batchers and workers keep in ``bf:m:{model}:stats``, read at scrape time. Every batcher of a
+batchers and workers keep in ``bf:m:{model}:stats`` (fields named in ``config.stats_fields``),
+read at scrape time. Every batcher of a
 fleet serves the same figures (aggregate them with ``max``, not ``sum``).
 """
 
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from config import stats_fields
 from config.keys import Keys
 from workers.protocol.entries import to_text
 
@@ -51,12 +53,12 @@ class FleetCollector(Collector):
             age = now - int(to_text(oldest[0][0]).split("-")[0]) / 1000 if oldest else 0.0
             families["age"].add_metric([model], max(0.0, age))
             for field, count in sorted((to_text(k), int(v)) for k, v in stats.items()):
-                kind, _, label = field.partition(":")
-                if kind == "accepted" or kind == "completed":
+                kind, label = stats_fields.parse(field)
+                if field in (stats_fields.ACCEPTED, stats_fields.COMPLETED):
                     families[kind].add_metric([model], count)
-                elif kind in ("refused", "failed", "batches", "cache"):
+                elif kind in stats_fields.LABELLED:
                     families[kind].add_metric([model, label], count)
-                    if field == "failed:expired":
+                    if field == stats_fields.failed("expired"):
                         families["expired"].add_metric([model], count)
         yield from families.values()
 

@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from config import lua
 from config.batch_task import RUN_BATCH_TASK, BatchTask
 from config.connection import REDIS_RETRY_PAUSE_S, connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
@@ -52,23 +53,6 @@ LOOKAHEAD_BATCHES = 64
 BACKLOG_SCAN_COUNT = 200
 RECLAIM_PAGE = 100
 RECLAIM_PAGES = 100
-
-# Forgets consumers (dead batchers, departed workers) that hold nothing and have been idle
-# past the lease; atomic, so a consumer that just took entries is never deleted with them.
-# KEYS: stream; ARGV: group, min idle ms, own consumer name
-PRUNE_CONSUMERS_SCRIPT = """
-local removed = 0
-for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local fields = {}
-  for i = 1, #consumer, 2 do fields[consumer[i]] = consumer[i + 1] end
-  if fields['pending'] == 0 and fields['idle'] > tonumber(ARGV[2])
-      and fields['name'] ~= ARGV[3] then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], fields['name'])
-    removed = removed + 1
-  end
-end
-return removed
-"""
 
 
 def stream_id_order(entry_id: str) -> tuple[int, int]:
@@ -104,7 +88,7 @@ class ModelBatcher:
         self._celery = celery
         self._state = FleetState(client, self.keys, model)
         self._writer = ResultWriter(client, self.keys, model)
-        self._prune_consumers = client.register_script(PRUNE_CONSUMERS_SCRIPT)
+        self._prune_consumers = lua.register(client, "prune_consumers")
         self._lease_s = settings.batcher.reclaim_lease_s
         self._cost_of = cost_function(self.policy)
         self._batch_cap = BatchCap(client, self.keys, model, self.policy.max_batch_size)

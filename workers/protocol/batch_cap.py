@@ -11,25 +11,12 @@ import time
 
 import redis
 
+from config import lua
 from config.keys import Keys
 
 log = logging.getLogger(__name__)
 RAISE_AFTER = 20
 REFRESH_S = 1.0
-
-# KEYS: cap; ARGV: new cap. Lowers the cap, never raises it (workers may race).
-LOWER_SCRIPT = """
-local cap = tonumber(redis.call('GET', KEYS[1]) or '0')
-if cap == 0 or tonumber(ARGV[1]) < cap then redis.call('SET', KEYS[1], ARGV[1]) end
-return tonumber(redis.call('GET', KEYS[1]))
-"""
-# KEYS: cap; ARGV: the cap the raise was computed from, the raised cap ('' = no cap). Raises
-# only if nobody lowered the cap meanwhile.
-RAISE_SCRIPT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2]) end
-return 1
-"""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -46,8 +33,8 @@ class BatchCap:
         self._key = keys.batch_cap(model)
         self._model = model
         self._max = max_batch_size
-        self._lower = client.register_script(LOWER_SCRIPT)
-        self._raise = client.register_script(RAISE_SCRIPT)
+        self._lower = lua.register(client, "lower_batch_cap")
+        self._raise = lua.register(client, "raise_batch_cap")
         self._lock = threading.Lock()
         self._at_cap = 0
         self._cap = max_batch_size

@@ -1,7 +1,8 @@
 """Who is alive and how busy: worker heartbeats, batches in flight, and the slot-free wake-up.
 
-Every timestamp here is Redis server time (``TIME`` inside the scripts), so hosts with
-skewed clocks still agree on who is alive.
+Every timestamp here is Redis server time (``TIME`` inside the scripts: ``heartbeat.lua``,
+``device_heartbeat.lua``, ``renew_claim.lua``, ``capacity.lua``, ``dispatch.lua`` in
+``config/lua``), so hosts with skewed clocks still agree on who is alive.
 """
 
 from __future__ import annotations
@@ -12,65 +13,10 @@ from typing import Any
 
 import redis
 
+from config import lua, stats_fields
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-
-# KEYS: workers zset; ARGV: member, ttl seconds, ('' to add | 'remove')
-HEARTBEAT_SCRIPT = """
-if ARGV[3] == 'remove' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
-local now = redis.call('TIME')
-return redis.call('ZADD', KEYS[1], now[1] + now[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
-"""
-
-# KEYS: live devices zset; ARGV: device consumer, ttl seconds
-DEVICE_HEARTBEAT_SCRIPT = """
-local t = redis.call('TIME')
-local now = t[1] + t[2] / 1e6
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-"""
-
-# KEYS: GPU claim; ARGV: owner, ttl ms. Renews the claim if this owner holds it or nobody
-# does; 0 when another owner took it.
-RENEW_CLAIM_SCRIPT = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-# Prunes workers whose heartbeat expired, batches whose worker is gone, batches older than
-# the lease (published but never started) and owners of batches no longer counted, then
-# counts what is left.
-# KEYS: workers zset, inflight zset, inflight owners hash; ARGV: lease seconds
-CAPACITY_SCRIPT = """
-local t = redis.call('TIME')
-local now = t[1] + t[2] / 1e6
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for _, batch in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  local owner = redis.call('HGET', KEYS[3], batch)
-  if owner and not redis.call('ZSCORE', KEYS[1], owner) then
-    redis.call('ZREM', KEYS[2], batch)
-    redis.call('HDEL', KEYS[3], batch)
-  end
-end
-for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))) do
-  redis.call('ZREM', KEYS[2], batch)
-  redis.call('HDEL', KEYS[3], batch)
-end
-for _, batch in ipairs(redis.call('HKEYS', KEYS[3])) do
-  if not redis.call('ZSCORE', KEYS[2], batch) then redis.call('HDEL', KEYS[3], batch) end
-end
-return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('ZCARD', KEYS[2])}
-"""
-
-# KEYS: inflight zset; ARGV: batch id
-DISPATCH_SCRIPT = """
-local t = redis.call('TIME')
-return redis.call('ZADD', KEYS[1], t[1] + t[2] / 1e6, ARGV[1])
-"""
-
 
 # A batcher needs one token to wake; a few more cover several batchers per model.
 SLOT_TOKENS_KEPT = 8
@@ -105,9 +51,9 @@ class FleetState:
         self._client = client
         self._keys = keys
         self._model = model
-        self._heartbeat = client.register_script(HEARTBEAT_SCRIPT)
-        self._capacity = client.register_script(CAPACITY_SCRIPT)
-        self._dispatch = client.register_script(DISPATCH_SCRIPT)
+        self._heartbeat = lua.register(client, "heartbeat")
+        self._capacity = lua.register(client, "capacity")
+        self._dispatch = lua.register(client, "dispatch")
 
     def heartbeat(self, member: str, ttl_s: float) -> None:
         self._heartbeat(keys=[self._keys.workers(self._model)], args=[member, ttl_s, ""])
@@ -136,7 +82,7 @@ class FleetState:
         """Records a batch sent (in flight, and counted by flush reason in the stats)."""
         pipe = self._client.pipeline(transaction=False)
         self._dispatch(keys=[self._keys.inflight(self._model)], args=[batch_id], client=pipe)
-        pipe.hincrby(self._keys.stats(self._model), f"batches:{reason}", 1)
+        pipe.hincrby(self._keys.stats(self._model), stats_fields.batches(reason), 1)
         pipe.execute()
 
     def undispatched(self, batch_id: str) -> None:
@@ -191,7 +137,7 @@ def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dic
     False when another worker holds its GPU claim (Redis lost it while frozen or
     restarted)."""
     pipe = client.pipeline(transaction=False)
-    client.register_script(DEVICE_HEARTBEAT_SCRIPT)(
+    lua.register(client, "device_heartbeat")(
         keys=[keys.devices()], args=[beat.device_consumer, beat.ttl_s], client=pipe
     )
     node = keys.node(beat.hostname)
@@ -204,7 +150,7 @@ def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dic
     for model in beat.models:
         pipe.xlen(keys.requests(model))
     if beat.gpu_claim is not None:
-        client.register_script(RENEW_CLAIM_SCRIPT)(
+        lua.register(client, "renew_claim")(
             keys=[beat.gpu_claim.key],
             args=[beat.gpu_claim.owner, int(beat.ttl_s * 1000)],
             client=pipe,

@@ -1,8 +1,9 @@
 """Writing final answers: one result per request id, first write wins, waiters woken, entry acked.
 
-The finalize script is the only place a request leaves the stream ledger. It writes the
-result only while the request's admission record still holds the same digest, so a late
-duplicate execution can neither overwrite an answer nor bring back one that has expired.
+The finalize script (``config/lua/finalize.lua``) is the only place a request leaves the
+stream ledger. It writes the result only while the request's admission record still holds
+the same digest, so a late duplicate execution can neither overwrite an answer nor bring
+back one that has expired.
 """
 
 from __future__ import annotations
@@ -14,70 +15,10 @@ from typing import Any
 
 import redis
 
+from config import lua, stats_fields
 from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
-from config.schema import ErrorCode, ErrorInfo, Request, Result, canonical_json
-
-# KEYS: result, request record, waiters, stream, attempts hash, model's stats hash
-# ARGV: result json, digest ('' = write whatever the record holds), ttl ms, group, entry id,
-#       stats field counting the answer ('completed' or 'failed:{code}')
-FINALIZE_SCRIPT = """
-local status
-local record = redis.call('GET', KEYS[2])
-if ARGV[2] ~= '' and (not record or string.sub(record, 1, #ARGV[2]) ~= ARGV[2]) then
-  status = 'stale'
-elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then
-  if record then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-  for _, inbox in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-    redis.call('LPUSH', inbox, ARGV[1])
-    redis.call('PEXPIRE', inbox, ARGV[3])
-  end
-  redis.call('DEL', KEYS[3])
-  redis.call('HINCRBY', KEYS[6], ARGV[6], 1)
-  status = 'written'
-else
-  status = 'duplicate'
-end
-if ARGV[5] ~= '' then
-  redis.call('XACK', KEYS[4], ARGV[4], ARGV[5])
-  redis.call('XDEL', KEYS[4], ARGV[5])
-  redis.call('HDEL', KEYS[5], ARGV[5])
-end
-return status
-"""
-
-
-# KEYS: stream, attempts hash, live devices zset
-# ARGV: group, device consumer suffix, claiming consumer, entry ids...
-# Per entry: its attempts, counting one more when the device of a process that is gone holds
-# it (that process was running it: the entry could have killed it), or -1 when a live
-# process's device holds it (that process is running it now). Entries not on a live device
-# move to the claiming consumer in the same step, so no one counts the same death again.
-COUNT_DEVICE_DEATHS_SCRIPT = """
-local t = redis.call('TIME')
-local now = t[1] + t[2] / 1e6
-local counts = {}
-local claim = {}
-for i = 4, #ARGV do
-  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
-  local count = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
-  if pending and string.sub(pending[2], -string.len(ARGV[2])) == ARGV[2] then
-    local alive_until = redis.call('ZSCORE', KEYS[3], pending[2])
-    if alive_until and tonumber(alive_until) > now then
-      count = -1
-    else
-      count = redis.call('HINCRBY', KEYS[2], ARGV[i], 1)
-    end
-  end
-  if count >= 0 and pending then claim[#claim + 1] = ARGV[i] end
-  counts[#counts + 1] = count
-end
-if #claim > 0 then
-  redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, unpack(claim), 'JUSTID')
-end
-return counts
-"""
-
+from config.schema import ErrorCode, ErrorInfo, Request, Result, cache_entry, canonical_json
 
 DEAD_LETTER_MAXLEN = 10_000
 RECENT_LATENCIES = 2000  # the answers `batchfleet top` computes latency percentiles from
@@ -142,8 +83,10 @@ def encode_answer(result: Result) -> tuple[str, str]:
             f"output cannot be encoded: {exc}",
             submitted_at=result.submitted_at,
         )
-        return fallback.encode(), "failed:model_error"
-    return payload, "completed" if result.error is None else f"failed:{result.error.code}"
+        return fallback.encode(), stats_fields.failed("model_error")
+    if result.error is None:
+        return payload, stats_fields.COMPLETED
+    return payload, stats_fields.failed(result.error.code)
 
 
 class ResultWriter:
@@ -156,8 +99,8 @@ class ResultWriter:
         self._keys = keys
         self._model = model
         self._cache_ttl_ms = None if cache_ttl_s is None else int(cache_ttl_s * 1000)
-        self._script = client.register_script(FINALIZE_SCRIPT)
-        self._count_deaths = client.register_script(COUNT_DEVICE_DEATHS_SCRIPT)
+        self._script = lua.register(client, "finalize")
+        self._count_deaths = lua.register(client, "count_device_deaths")
 
     def finalize(self, finals: Sequence[Final]) -> list[str]:
         """Writes each final answer; returns per item ``written``, ``duplicate`` or ``stale``."""
@@ -200,7 +143,8 @@ class ResultWriter:
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
     def _cache_outputs(self, pipe: Any, finals: Sequence[Final]) -> None:
-        """Adds each computed output to the model's response cache, under its version."""
+        """Adds each computed output to the model's response cache, tagged with the version
+        that computed it."""
         for final in finals:
             result = final.result
             if result.error is not None or result.model_version is None:
@@ -209,8 +153,8 @@ class ResultWriter:
                 output = canonical_json(result.output)
             except InvalidInput:
                 continue  # answered model_error by encode_answer: nothing to cache
-            key = self._keys.cache(self._model, result.model_version, final.digest)
-            pipe.set(key, output, px=self._cache_ttl_ms)
+            key = self._keys.cache(self._model, final.digest)
+            pipe.set(key, cache_entry(result.model_version, output), px=self._cache_ttl_ms)
 
     def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:
         """Copies requests given up as poison (entry id, raw request, deaths) to the model's

@@ -22,6 +22,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
+from config import stats_fields
 from config.keys import Keys
 from workers.protocol.entries import to_text
 from workers.tools.pricing import money
@@ -85,8 +86,12 @@ def _per_s(now: int, before: int, elapsed_s: float) -> float:
 
 
 def _answered(stats: dict[str, int]) -> tuple[int, int]:
-    failed = sum(count for field, count in stats.items() if field.startswith("failed:"))
-    return stats.get("completed", 0), failed
+    failed = sum(
+        count
+        for field, count in stats.items()
+        if stats_fields.parse(field)[0] == stats_fields.FAILED
+    )
+    return stats.get(stats_fields.COMPLETED, 0), failed
 
 
 MODEL_COLUMNS: tuple[str, ...] = ("model", "queue", "in/s", "out/s", "batch", "p50", "p99", "err")
@@ -114,13 +119,13 @@ def model_rows(before: Snapshot, now: Snapshot) -> list[dict[str, str]]:
             if finished_at >= now.now - LATENCY_WINDOW_S
         ]
         p50, p99 = _percentiles(recent)
+        accepted = stats.get(stats_fields.ACCEPTED, 0)
+        old_accepted = old.get(stats_fields.ACCEPTED, 0)
         rows.append(
             {
                 "model": model,
                 "queue": str(depth),
-                "in/s": _figure(
-                    _per_s(stats.get("accepted", 0), old.get("accepted", 0), elapsed_s)
-                ),
+                "in/s": _figure(_per_s(accepted, old_accepted, elapsed_s)),
                 "out/s": _figure(done / elapsed_s if elapsed_s > 0 else 0.0),
                 "batch": _mean_batch(model, before, now),
                 "p50": p50,

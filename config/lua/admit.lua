@@ -1,0 +1,101 @@
+-- Admits a chunk of requests for one model, all or nothing: when one id is reused with another
+-- input, or the queue has no room for every new request, nothing of the chunk is written and
+-- the refused ones say why ('conflict', 'full'; new and cached ones 'withheld', ids already
+-- queued with the same input stay 'duplicate'). Otherwise each id is deduplicated by its
+-- record, an input the model's response cache holds for its current version is answered at
+-- once without entering the queue ('cached'), and the rest are appended to the stream
+-- ('accepted'). Returns one status per request, in order.
+-- A request's record holds 'digest:entry id:model' while it is queued ('digest' alone for a
+-- cache hit): the digest makes resubmission idempotent, the entry lets cancel find it.
+-- A cache entry holds '<version's byte length>:<version><output JSON>' (config.schema's
+-- cache_entry): it answers only while that version is the model's current one.
+
+local stream = KEYS[1]
+local stats = KEYS[2]
+local version_key = KEYS[3]
+-- Then REQUEST_KEYS keys per request: its record, its result, its cache entry.
+local HEADER_KEYS, REQUEST_KEYS = 3, 3
+local RECORD, RESULT, CACHE_ENTRY = 1, 2, 3
+
+local max_queue_len = tonumber(ARGV[1])
+local stream_field = ARGV[2]
+local use_cache = ARGV[3] == '1'
+local model = ARGV[4]
+local accepted_field = ARGV[5]
+local id_conflict_field = ARGV[6]
+local queue_full_field = ARGV[7]
+local cache_hit_field = ARGV[8]
+local cache_miss_field = ARGV[9]
+-- Then REQUEST_ARGS args per request: its digest, its request JSON, its record's TTL (ms), the
+-- start of its result when answered from the cache (this script appends the model version
+-- and the output), its result's TTL (ms).
+local HEADER_ARGS, REQUEST_ARGS = 9, 5
+local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD, RESULT_TTL_MS = 1, 2, 3, 4, 5
+
+local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * REQUEST_KEYS + which] end
+local function arg(n, which) return ARGV[HEADER_ARGS + (n - 1) * REQUEST_ARGS + which] end
+local requests = (#KEYS - HEADER_KEYS) / REQUEST_KEYS
+
+local version = false
+if use_cache then version = redis.call('GET', version_key) end
+
+-- The cached output of request n, computed by the current version; nil when there is none.
+local function cached_output(n)
+  local cached = redis.call('GET', key(n, CACHE_ENTRY))
+  if not cached then return nil end
+  local tag = #version .. ':' .. version
+  if string.sub(cached, 1, #tag) ~= tag then return nil end
+  return string.sub(cached, #tag + 1)
+end
+
+local statuses, hits = {}, {}
+local conflicts, fresh = 0, 0
+for n = 1, requests do
+  local digest = arg(n, DIGEST)
+  local record = redis.call('GET', key(n, RECORD))
+  if record then
+    if string.sub(record, 1, #digest) == digest then statuses[n] = 'duplicate'
+    else statuses[n] = 'conflict'; conflicts = conflicts + 1 end
+  else
+    if version then hits[n] = cached_output(n) end
+    if hits[n] then statuses[n] = 'cached'
+    else statuses[n] = 'new'; fresh = fresh + 1 end
+  end
+end
+
+local refused = false
+if conflicts > 0 then
+  refused = 'conflict'
+  redis.call('HINCRBY', stats, id_conflict_field, conflicts)
+elseif fresh > 0 and redis.call('XLEN', stream) + fresh > max_queue_len then
+  refused = 'full'
+  redis.call('HINCRBY', stats, queue_full_field, fresh)
+end
+if refused then
+  for n, status in ipairs(statuses) do
+    if status == 'new' and refused == 'full' then statuses[n] = 'full'
+    elseif status == 'new' or status == 'cached' then statuses[n] = 'withheld' end
+  end
+  return statuses
+end
+
+local accepted, cached = 0, 0
+for n, status in ipairs(statuses) do
+  if status == 'cached' then
+    local ttl_ms = arg(n, RESULT_TTL_MS)
+    redis.call('SET', key(n, RECORD), arg(n, DIGEST), 'PX', ttl_ms)
+    local result = arg(n, CACHED_HEAD) .. cjson.encode(version) .. ',"output":' .. hits[n] .. '}'
+    redis.call('SET', key(n, RESULT), result, 'PX', ttl_ms)
+    cached = cached + 1
+  elseif status == 'new' then
+    local entry = redis.call('XADD', stream, '*', stream_field, arg(n, REQUEST_JSON))
+    local record = arg(n, DIGEST) .. ':' .. entry .. ':' .. model
+    redis.call('SET', key(n, RECORD), record, 'PX', arg(n, RECORD_TTL_MS))
+    statuses[n] = 'accepted'
+    accepted = accepted + 1
+  end
+end
+if accepted > 0 then redis.call('HINCRBY', stats, accepted_field, accepted) end
+if version and cached > 0 then redis.call('HINCRBY', stats, cache_hit_field, cached) end
+if version and accepted > 0 then redis.call('HINCRBY', stats, cache_miss_field, accepted) end
+return statuses

@@ -1,0 +1,51 @@
+-- Ends a request 'cancelled' unless it has its final answer: a request no batcher has read
+-- yet leaves the stream at once (it never runs); one a batcher or a waiting batch holds is
+-- skipped when its batch starts (its answer exists); one on a device now runs on, and its
+-- output is discarded (first answer wins).
+-- The caller reads the admission record first and passes what it read, with the keys of the
+-- model named in it: the script acts only if the record still holds exactly that.
+-- Returns 'unknown' (no record), 'changed' (the record is not what the caller read: read it
+-- again), 'final' (it had its answer), 'removed' (taken off the stream) or 'cancelled'.
+--#include publish_answer.lua
+
+local record_key = KEYS[1]
+local result_key = KEYS[2]
+local waiters_key = KEYS[3]
+-- Only for a queued request (its record names its entry and model):
+local stats = KEYS[4]
+local stream = KEYS[5]
+
+local record_read = ARGV[1]
+local result = ARGV[2]  -- the cancelled result's JSON
+local ttl_ms = ARGV[3]
+local group = ARGV[4]
+local entry = ARGV[5]  -- the request's stream entry; '' when it has none
+local cancelled_field = ARGV[6]  -- the stats field counting a cancelled request
+
+local record = redis.call('GET', record_key)
+if not record then return 'unknown' end
+if record ~= record_read then return 'changed' end
+if not publish_answer(result_key, record_key, waiters_key, result, ttl_ms) then return 'final' end
+if entry == '' then return 'cancelled' end
+redis.call('HINCRBY', stats, cancelled_field, 1)
+
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+local delivered = '0-0'
+if ok then
+  for _, info in ipairs(groups) do
+    local fields = {}
+    for j = 1, #info, 2 do fields[info[j]] = info[j + 1] end
+    if fields['name'] == group then delivered = fields['last-delivered-id'] end
+  end
+end
+local function parts(id)
+  local _, _, ms, seq = string.find(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local ems, eseq = parts(entry)
+local dms, dseq = parts(delivered)
+if ems > dms or (ems == dms and eseq > dseq) then
+  redis.call('XDEL', stream, entry)
+  return 'removed'
+end
+return 'cancelled'

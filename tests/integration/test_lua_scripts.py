@@ -1,0 +1,531 @@
+"""The Lua scripts' contracts (``config/lua``): what each returns and what it leaves in Redis,
+run through the call sites the product uses, against both fakeredis and a real redis-server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from config import lua, stats_fields
+from config.errors import UnknownRequest
+from config.keys import CONSUMER_GROUP, STREAM_GROUP, Keys, device_consumer, worker_consumer
+from config.schema import STREAM_FIELD, Request, Result, cache_entry
+from config.settings import ModelPolicy, Settings
+from producer.admission import Prepared, ProducerCore
+from producer.client import Producer
+from workers.local.local_redis import LocalRedis
+from workers.protocol.batch_cap import BatchCap
+from workers.protocol.capacity import FleetState, GpuClaim, NodeBeat, node_heartbeat
+from workers.protocol.results import Final, ResultWriter, error_final
+
+MODEL = "m"
+QUEUE_CAP = 3
+FAKEREDIS = "fakeredis"
+
+
+@pytest.fixture(params=[FAKEREDIS, "redis-server"])
+def store(request: pytest.FixtureRequest, redis_server: LocalRedis) -> Iterator[redis.Redis]:
+    """A client of fakeredis, or of the session's redis-server."""
+    if request.param == FAKEREDIS:
+        client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    else:
+        client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """Settings under this test's own key prefix, with one cached model."""
+    return Settings(
+        redis_url="redis://unused:6379/0",
+        key_prefix=f"t{uuid.uuid4().hex[:10]}",
+        models={MODEL: ModelPolicy(max_queue_len=QUEUE_CAP, cache_ttl_s=60)},
+    )
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return Keys(settings.key_prefix)
+
+
+@pytest.fixture
+def core(settings: Settings) -> ProducerCore:
+    return ProducerCore(settings)
+
+
+def admit(client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared]) -> list[str]:
+    """The admission script's statuses for ``chunk``, called as the producer calls it."""
+    keys, args = core.admit_call(chunk)
+    return [to_text(status) for status in lua.register(client, "admit")(keys=keys, args=args)]
+
+
+def prepare(core: ProducerCore, *inputs: Any, ids: Sequence[str] | None = None) -> list[Prepared]:
+    return core.prepare_all(MODEL, list(inputs), request_ids=ids)
+
+
+def to_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stats(client: redis.Redis, keys: Keys) -> dict[str, int]:
+    return {to_text(k): int(v) for k, v in client.hgetall(keys.stats(MODEL)).items()}
+
+
+def answer(item: Prepared, entry_id: str, version: str | None = None) -> Final:
+    """The final answer a worker writes for ``item``, with the output ``["out", input]``."""
+    request = item.request
+    result = Result(
+        request_id=item.request_id,
+        model=MODEL,
+        model_version=version,
+        output=["out", request.input],
+        submitted_at=request.submitted_at,
+        finished_at=request.submitted_at,
+    )
+    return Final(entry_id=entry_id, result=result, digest=item.digest, ttl_s=60)
+
+
+def entry_of(client: redis.Redis, item: Prepared) -> str:
+    """The stream entry named in a queued request's record."""
+    return to_text(client.get(item.record_key)).split(":")[1]
+
+
+# ADMIT
+
+
+def test_admit_accepts_new_requests_into_the_stream(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """New ids are appended to the stream and recorded as ``digest:entry:model``; counted."""
+    chunk = prepare(core, "a", "b")
+    assert admit(store, core, chunk) == ["accepted", "accepted"]
+    entries = store.xrange(keys.requests(MODEL))
+    assert [Request.decode(fields[STREAM_FIELD.encode()]).input for _, fields in entries] == [
+        "a",
+        "b",
+    ]
+    for item, (entry_id, _) in zip(chunk, entries, strict=True):
+        assert store.get(item.record_key) == f"{item.digest}:{to_text(entry_id)}:{MODEL}".encode()
+        assert 0 < store.pttl(item.record_key) <= item.record_ttl_ms
+    assert stats(store, keys) == {stats_fields.ACCEPTED: 2}
+
+
+def test_admit_keeps_a_resubmitted_id_with_the_same_input_once(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """The same id and input again is a ``duplicate``: nothing more is queued or counted."""
+    chunk = prepare(core, "a", ids=["r1"])
+    admit(store, core, chunk)
+    assert admit(store, core, prepare(core, "a", ids=["r1"])) == ["duplicate"]
+    assert store.xlen(keys.requests(MODEL)) == 1
+    assert stats(store, keys) == {stats_fields.ACCEPTED: 1}
+
+
+def test_admit_refuses_a_whole_chunk_with_a_reused_id(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """An id reused with another input is a ``conflict``; the chunk's new requests are
+    ``withheld`` and nothing of it is written."""
+    admit(store, core, prepare(core, "a", ids=["r1"]))
+    chunk = prepare(core, "other", "b", ids=["r1", "r2"])
+    assert admit(store, core, chunk) == ["conflict", "withheld"]
+    assert store.xlen(keys.requests(MODEL)) == 1
+    assert store.get(chunk[1].record_key) is None
+    assert stats(store, keys) == {
+        stats_fields.ACCEPTED: 1,
+        stats_fields.refused("id_conflict"): 1,
+    }
+
+
+def test_admit_refuses_a_chunk_the_queue_has_no_room_for(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """New requests past ``max_queue_len`` are all ``full``; a duplicate stays ``duplicate``."""
+    admit(store, core, prepare(core, "a", "b", ids=["r1", "r2"]))
+    chunk = prepare(core, "a", "c", "d", ids=["r1", "r3", "r4"])
+    assert admit(store, core, chunk) == ["duplicate", "full", "full"]
+    assert store.xlen(keys.requests(MODEL)) == 2
+    assert stats(store, keys) == {stats_fields.ACCEPTED: 2, stats_fields.refused("queue_full"): 2}
+
+
+def cache_one(store: redis.Redis, core: ProducerCore, keys: Keys, version: str) -> Prepared:
+    """Admits input "a", and answers it as a worker of ``version`` does (the answer cached)."""
+    store.set(keys.model_version(MODEL), version)
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    writer = ResultWriter(store, keys, MODEL, cache_ttl_s=60)
+    assert writer.finalize([answer(item, entry_of(store, item), version)]) == ["written"]
+    return item
+
+
+def test_admit_answers_an_input_cached_by_the_current_version_at_once(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A cache entry of the current version answers a new id ``cached``: its result is
+    written, its record holds the digest alone, nothing is queued; hits are counted."""
+    computed = cache_one(store, core, keys, "v1")
+    assert (
+        store.get(keys.cache(MODEL, computed.digest)) == cache_entry("v1", '["out","a"]').encode()
+    )
+    (item,) = prepare(core, "a")
+    assert admit(store, core, [item]) == ["cached"]
+    result = Result.decode(store.get(item.result_key))
+    assert (result.cached, result.model_version, result.output) == (True, "v1", ["out", "a"])
+    assert result.request_id == item.request_id and result.model == MODEL
+    assert store.get(item.record_key) == item.digest.encode()
+    assert 0 < store.pttl(item.result_key) <= item.result_ttl_ms
+    assert store.xlen(keys.requests(MODEL)) == 0
+    assert stats(store, keys) == {
+        stats_fields.ACCEPTED: 1,
+        stats_fields.CACHE_MISS: 1,
+        stats_fields.CACHE_HIT: 1,
+        stats_fields.COMPLETED: 1,
+    }
+
+
+def test_admit_ignores_a_cache_entry_of_another_version(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """Once the model's version changes, its old entries answer nothing: a ``miss``."""
+    cache_one(store, core, keys, "v1")
+    store.set(keys.model_version(MODEL), "v10")
+    assert admit(store, core, prepare(core, "a")) == ["accepted"]
+    assert stats(store, keys)[stats_fields.CACHE_MISS] == 2
+
+
+def test_admit_withholds_a_cache_hit_of_a_refused_chunk(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A cached input in a chunk refused for a conflict is ``withheld``, its result unwritten."""
+    cache_one(store, core, keys, "v1")
+    admit(store, core, prepare(core, "x", ids=["r1"]))
+    chunk = prepare(core, "a", "y", ids=["r2", "r1"])
+    assert admit(store, core, chunk) == ["withheld", "conflict"]
+    assert store.get(chunk[0].result_key) is None
+    assert stats_fields.CACHE_HIT not in stats(store, keys)
+
+
+# WATCH
+
+
+def test_watch_answers_done_pending_or_unknown(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A pending request registers the producer's inbox as a waiter (as long as its record);
+    an answered one returns the result; an id without a record is unknown."""
+    watch = lua.register(store, "watch")
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    call_keys, args = core.watch_call(item.request_id)
+    assert core.read_watch(item.request_id, watch(keys=call_keys, args=args)) is None
+    assert store.smembers(keys.waiters(item.request_id)) == {core.inbox.encode()}
+    assert 0 < store.pttl(keys.waiters(item.request_id)) <= item.record_ttl_ms
+
+    ResultWriter(store, keys, MODEL).finalize([answer(item, entry_of(store, item))])
+    result = core.read_watch(item.request_id, watch(keys=call_keys, args=args))
+    assert result is not None and result.output == ["out", "a"]
+
+    call_keys, args = core.watch_call("never")
+    with pytest.raises(UnknownRequest):
+        core.read_watch("never", watch(keys=call_keys, args=args))
+
+
+# STREAM_ADMIT
+
+
+def test_stream_admit_takes_a_request_only_to_a_lane_a_worker_serves(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """No group on the lane: ``unstreamable``; then ``accepted`` (recorded by digest),
+    ``duplicate``, ``conflict`` and ``full``, each counted."""
+    stream_admit = lua.register(store, "stream_admit")
+    lane = keys.stream_lane(MODEL)
+
+    def submit(item: Prepared) -> str:
+        call_keys, args = core.stream_call(item)
+        return to_text(stream_admit(keys=call_keys, args=args))
+
+    (first,) = prepare(core, "a", ids=["s1"])
+    assert submit(first) == "unstreamable"
+    store.xgroup_create(lane, STREAM_GROUP, id="0", mkstream=True)
+    assert submit(first) == "accepted"
+    assert store.get(first.record_key) == first.digest.encode()
+    assert submit(prepare(core, "a", ids=["s1"])[0]) == "duplicate"
+    assert submit(prepare(core, "b", ids=["s1"])[0]) == "conflict"
+    for item in prepare(core, "c", "d", ids=["s2", "s3"]):
+        assert submit(item) == "accepted"
+    assert submit(prepare(core, "e", ids=["s4"])[0]) == "full"
+    assert store.xlen(lane) == QUEUE_CAP
+    assert stats(store, keys) == {
+        stats_fields.ACCEPTED: 3,
+        stats_fields.refused("id_conflict"): 1,
+        stats_fields.refused("queue_full"): 1,
+    }
+
+
+# CANCEL
+
+
+@pytest.fixture
+def producer(store: redis.Redis, settings: Settings) -> Iterator[Producer]:
+    with Producer(settings, client=store, listen_client=store) as client:
+        yield client
+
+
+def test_cancel_of_an_unknown_id_raises(producer: Producer) -> None:
+    """An id without a record is unknown."""
+    with pytest.raises(UnknownRequest):
+        producer.cancel("never")
+
+
+def test_cancel_of_an_answered_request_changes_nothing(
+    store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
+) -> None:
+    """A request with its final answer keeps it (``final``: False)."""
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    ResultWriter(store, keys, MODEL).finalize([answer(item, entry_of(store, item))])
+    assert producer.cancel(item.request_id) is False
+    assert Result.decode(store.get(item.result_key)).output == ["out", "a"]
+    assert stats_fields.failed("cancelled") not in stats(store, keys)
+
+
+def test_cancel_removes_a_request_no_batcher_has_read(
+    store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
+) -> None:
+    """Unread, the entry leaves the stream; the ``cancelled`` answer is published to every
+    waiter and counted."""
+    store.xgroup_create(keys.requests(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    store.sadd(keys.waiters(item.request_id), keys.inbox("p1"))
+    assert producer.cancel(item.request_id) is True
+    assert store.xlen(keys.requests(MODEL)) == 0
+    result = Result.decode(store.get(item.result_key))
+    assert result.error is not None and result.error.code == "cancelled"
+    assert result.model == MODEL
+    assert Result.decode(store.lpop(keys.inbox("p1"))).request_id == item.request_id
+    assert not store.exists(keys.waiters(item.request_id))
+    assert store.pttl(item.record_key) <= store.pttl(item.result_key)
+    assert stats(store, keys)[stats_fields.failed("cancelled")] == 1
+
+
+def test_cancel_leaves_a_read_request_in_the_stream(
+    store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
+) -> None:
+    """A request a batcher holds stays pending (its batch skips it), answered ``cancelled``."""
+    store.xgroup_create(keys.requests(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.requests(MODEL): ">"})
+    assert producer.cancel(item.request_id) is True
+    assert store.xlen(keys.requests(MODEL)) == 1
+    assert Result.decode(store.get(item.result_key)).error is not None
+    assert stats(store, keys)[stats_fields.failed("cancelled")] == 1
+
+
+def test_cancel_acts_only_on_the_record_its_caller_read(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A record changed since the caller read it is left alone (``changed``: read again)."""
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    call_keys, args = core.cancel_call(item.request_id, b"an older record")
+    assert to_text(lua.register(store, "cancel")(keys=call_keys, args=args)) == "changed"
+    assert store.get(item.result_key) is None
+
+
+def test_cancel_answers_a_cached_request_without_touching_a_stream(
+    store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
+) -> None:
+    """A record without an entry (a cache hit, a streaming request) is answered
+    ``cancelled`` unless it has its answer already; its model is not known (``""``)."""
+    cache_one(store, core, keys, "v1")
+    (item,) = prepare(core, "a")
+    admit(store, core, [item])
+    assert producer.cancel(item.request_id) is False
+    stream_item = prepare(core, "b")[0]
+    store.set(stream_item.record_key, stream_item.digest, px=60_000)
+    assert producer.cancel(stream_item.request_id) is True
+    result = Result.decode(store.get(stream_item.result_key))
+    assert result.error is not None and result.model == ""
+
+
+# FINALIZE
+
+
+def queued(store: redis.Redis, core: ProducerCore, keys: Keys, *inputs: str) -> list[Prepared]:
+    """Requests admitted and read by a batcher (pending in the group)."""
+    store.xgroup_create(keys.requests(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
+    items = prepare(core, *inputs)
+    admit(store, core, items)
+    store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.requests(MODEL): ">"})
+    return items
+
+
+def test_finalize_writes_once_and_closes_the_entry_either_way(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """The first answer is ``written``, pushed to waiters and counted; a second is a
+    ``duplicate``; one for a record holding another input is ``stale``. Every call acks and
+    deletes its entry and forgets its attempts."""
+    writer = ResultWriter(store, keys, MODEL)
+    first, second = queued(store, core, keys, "a", "b")
+    entry = entry_of(store, first)
+    store.hset(keys.attempts(MODEL), entry, 1)
+    store.sadd(keys.waiters(first.request_id), keys.inbox("p1"))
+    assert writer.finalize([answer(first, entry)]) == ["written"]
+    assert Result.decode(store.lpop(keys.inbox("p1"))).output == ["out", "a"]
+    assert not store.exists(keys.waiters(first.request_id))
+    assert store.pttl(first.record_key) <= 60_000
+    assert not store.hexists(keys.attempts(MODEL), entry)
+
+    request = first.request
+    late = error_final(request, entry, "model_error", "late", ttl_s=60)
+    assert writer.finalize([late]) == ["duplicate"]
+    assert Result.decode(store.get(first.result_key)).output == ["out", "a"]
+
+    other_entry = entry_of(store, second)
+    store.set(second.record_key, "another digest")
+    assert writer.finalize([answer(second, other_entry)]) == ["stale"]
+    assert store.get(second.result_key) is None
+    assert store.xlen(keys.requests(MODEL)) == 0
+    assert store.xpending(keys.requests(MODEL), CONSUMER_GROUP)["pending"] == 0
+    assert stats(store, keys)[stats_fields.COMPLETED] == 1
+
+
+def test_count_device_deaths_counts_only_entries_of_gone_devices(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """An entry on a gone process's device counts one more attempt and moves to the claiming
+    consumer; one on a live device is left to it (None); one elsewhere keeps its count."""
+    writer = ResultWriter(store, keys, MODEL)
+    stream = keys.requests(MODEL)
+    on_gone, on_live, elsewhere = queued(store, core, keys, "a", "b", "c")
+    gone, live = device_consumer("w1", "old"), device_consumer("w2", "now")
+    entries = [entry_of(store, item) for item in (on_gone, on_live, elsewhere)]
+    store.xclaim(stream, CONSUMER_GROUP, gone, 0, [entries[0]], justid=True)
+    store.xclaim(stream, CONSUMER_GROUP, live, 0, [entries[1]], justid=True)
+    node_heartbeat(store, keys, NodeBeat("w2", live, {}, [], ttl_s=60))
+    store.hset(keys.attempts(MODEL), entries[2], 1)
+    claimer = worker_consumer("w3")
+    assert writer.count_device_deaths(claimer, entries) == [1, None, 1]
+    owners = {
+        to_text(row["message_id"]): to_text(row["consumer"])
+        for row in store.xpending_range(stream, CONSUMER_GROUP, "-", "+", 10)
+    }
+    assert owners == {entries[0]: claimer, entries[1]: live, entries[2]: claimer}
+
+
+# Heartbeats, capacity, dispatch, GPU claims
+
+
+def test_worker_heartbeats_count_live_slots_until_they_leave(
+    store: redis.Redis, keys: Keys
+) -> None:
+    """A heartbeat adds its worker's slots; leaving removes them; an expired one is pruned."""
+    state = FleetState(store, keys, MODEL)
+    state.heartbeat("w1|2", ttl_s=60)
+    state.heartbeat("w2|1", ttl_s=60)
+    state.heartbeat("w3|4", ttl_s=-1)
+    capacity = state.capacity(lease_s=60)
+    assert (capacity.workers, capacity.slots, capacity.inflight) == (2, 3, 0)
+    state.leave("w2|1")
+    assert store.zrange(keys.workers(MODEL), 0, -1) == [b"w1|2"]
+
+
+def test_capacity_prunes_batches_of_gone_workers_and_past_the_lease(
+    store: redis.Redis, keys: Keys
+) -> None:
+    """Batches whose worker is gone or older than the lease are forgotten, with their owner;
+    the rest are counted in flight, each counted by flush reason when dispatched."""
+    state = FleetState(store, keys, MODEL)
+    state.heartbeat("w1|1", ttl_s=60)
+    for batch in ("kept", "orphan", "old"):
+        state.dispatched(batch, "size")
+    state.batch_started("kept", "w1|1")
+    state.batch_started("orphan", "gone|1")
+    store.zadd(keys.inflight(MODEL), {"old": 1.0})
+    store.hset(keys.inflight_owners(MODEL), "forgotten", "w1|1")
+    assert state.capacity(lease_s=60).inflight == 1
+    assert store.zrange(keys.inflight(MODEL), 0, -1) == [b"kept"]
+    assert store.hgetall(keys.inflight_owners(MODEL)) == {b"kept": b"w1|1"}
+    assert stats(store, keys) == {stats_fields.batches("size"): 3}
+
+
+def test_node_heartbeat_keeps_a_device_alive_and_renews_only_its_own_gpu_claim(
+    store: redis.Redis, keys: Keys
+) -> None:
+    """The device consumer is scored by its expiry and expired ones pruned; a claim held by
+    this owner or nobody is renewed, one another owner took is not (held False)."""
+    claim = keys.gpu_claim("GPU-1")
+    store.zadd(keys.devices(), {"expired:device": 1.0})
+    beat = NodeBeat("w1", "w1:device", {}, [], ttl_s=60, gpu_claim=GpuClaim(claim, "w1"))
+    assert node_heartbeat(store, keys, beat) == ({}, True)
+    assert store.get(claim) == b"w1" and 0 < store.pttl(claim) <= 60_000
+    assert store.zrange(keys.devices(), 0, -1) == [b"w1:device"]
+    store.set(claim, "w2")
+    assert node_heartbeat(store, keys, beat) == ({}, False)
+    assert store.get(claim) == b"w2"
+
+
+# Batch cap
+
+
+def test_batch_cap_is_lowered_never_raised_by_an_out_of_memory(
+    store: redis.Redis, keys: Keys
+) -> None:
+    """Out of memory at N sets the cap to N/2 unless it is lower already."""
+    cap = BatchCap(store, keys, MODEL, max_batch_size=32)
+    cap.out_of_memory(16)
+    assert store.get(keys.batch_cap(MODEL)) == b"8"
+    cap.out_of_memory(32)
+    assert store.get(keys.batch_cap(MODEL)) == b"8"
+
+
+def test_batch_cap_is_raised_only_from_the_cap_it_was_computed_from(
+    store: redis.Redis, keys: Keys
+) -> None:
+    """A raise computed from a cap another worker lowered meanwhile is dropped; back at the
+    maximum, the cap is deleted."""
+    raise_cap = lua.register(store, "raise_batch_cap")
+    store.set(keys.batch_cap(MODEL), 4)
+    assert raise_cap(keys=[keys.batch_cap(MODEL)], args=[8, 9]) == 0
+    assert raise_cap(keys=[keys.batch_cap(MODEL)], args=[4, 5]) == 1
+    assert store.get(keys.batch_cap(MODEL)) == b"5"
+    assert raise_cap(keys=[keys.batch_cap(MODEL)], args=[5, ""]) == 1
+    assert not store.exists(keys.batch_cap(MODEL))
+
+
+# Consumers
+
+
+def test_prune_consumers_forgets_idle_consumers_that_hold_nothing(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """Consumers with nothing pending past the idle time go; one holding entries and the
+    caller itself stay."""
+    stream = keys.requests(MODEL)
+    queued(store, core, keys, "a")
+    store.xgroup_createconsumer(stream, CONSUMER_GROUP, "empty")
+    store.xgroup_createconsumer(stream, CONSUMER_GROUP, "me")
+    prune = lua.register(store, "prune_consumers")
+    assert prune(keys=[stream], args=[CONSUMER_GROUP, -1, "me"]) == 1
+    names = {to_text(c["name"]) for c in store.xinfo_consumers(stream, CONSUMER_GROUP)}
+    assert names == {"batcher", "me"}
+
+
+def test_the_includes_are_in_place() -> None:
+    """``--#include`` lines are replaced by the included file: finalize and cancel share
+    ``publish_answer``."""
+    for name in ("finalize", "cancel"):
+        text = lua.source(name)
+        assert "--#include" not in text
+        assert text.count("local function publish_answer(") == 1
