@@ -38,7 +38,7 @@ def main() -> None:
         before = {"batcher": rss_mb(batcher.pid), "worker": rss_mb(worker.pid)}
         started = time.monotonic()
         producer.submit_many("synthetic", [{"n": index} for index in range(args.requests)])
-        stream = Keys(fleet.settings.key_prefix).requests("synthetic")
+        stream = Keys(fleet.settings.key_prefix).stream("synthetic")
         client = redis.Redis.from_url(fleet.redis_url)
         peak = dict(before)
         queued_peak = 0

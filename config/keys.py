@@ -87,7 +87,7 @@ class Keys:
 
     prefix: str = "bf"
 
-    def requests(self, model: str) -> str:
+    def stream(self, model: str) -> str:
         """The model's request stream, the ledger of accepted, unfinished requests."""
         return f"{self.prefix}:m:{model}:requests"
 
@@ -168,8 +168,8 @@ class Keys:
         """Requests given up as poison (their process died on them), for an operator."""
         return f"{self.prefix}:m:{model}:dead"
 
-    def request(self, request_id: str) -> str:
-        """The admission record of a request id: model and input hash, for idempotency."""
+    def record(self, request_id: str) -> str:
+        """A request's admission record: its digest, and while queued its entry and model."""
         return f"{self.prefix}:r:{request_id}"
 
     def waiters(self, request_id: str) -> str:

@@ -176,7 +176,7 @@ class ProducerCore:
             model=model,
             digest=digest,
             encoded=encoded,
-            record_key=self.keys.request(request_id),
+            record_key=self.keys.record(request_id),
             record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
             result_key=self.keys.result(request_id),
             result_ttl_ms=int(policy.result_ttl_s * 1000),
@@ -223,7 +223,7 @@ class ProducerCore:
         layout ``admit.lua`` names."""
         model = chunk[0].model
         policy = self.policy(model)
-        keys = [self.keys.requests(model), self.keys.stats(model), self.keys.model_version(model)]
+        keys = [self.keys.stream(model), self.keys.stats(model), self.keys.model_version(model)]
         args: list[str | int] = [
             policy.max_queue_len,
             STREAM_FIELD,
@@ -315,7 +315,7 @@ class ProducerCore:
         return (
             [
                 self.keys.result(request_id),
-                self.keys.request(request_id),
+                self.keys.record(request_id),
                 self.keys.waiters(request_id),
             ],
             [self.inbox],
@@ -347,12 +347,12 @@ class ProducerCore:
             "model": model,
         }
         keys = [
-            self.keys.request(request_id),
+            self.keys.record(request_id),
             self.keys.result(request_id),
             self.keys.waiters(request_id),
         ]
         if entry:
-            keys += [self.keys.stats(model), self.keys.requests(model)]
+            keys += [self.keys.stats(model), self.keys.stream(model)]
         args: list[str | int | bytes] = [
             b"" if record is None else record,
             json.dumps(result),

@@ -274,7 +274,7 @@ class AsyncProducer:
 
     async def cancel(self, request_id: str) -> bool:
         """Cancels a request; see ``Producer.cancel``."""
-        record_key = self._core.keys.request(request_id)
+        record_key = self._core.keys.record(request_id)
         with broker_errors():
             status = RECORD_CHANGED
             while status == RECORD_CHANGED:

@@ -323,7 +323,7 @@ class Producer:
             UnknownRequest: the id was never accepted, or its result expired.
             BrokerUnavailable: Redis cannot be reached.
         """
-        record_key = self._core.keys.request(request_id)
+        record_key = self._core.keys.record(request_id)
         with broker_errors():
             status = RECORD_CHANGED
             while status == RECORD_CHANGED:

@@ -25,7 +25,7 @@ def ack_on_receipt(
     self: ResultWriter, consumer: str, entry_ids: Sequence[str], request_ids: Sequence[str]
 ) -> list[bool]:
     if entry_ids:
-        self._client.xack(self._keys.requests(self._model), CONSUMER_GROUP, *entry_ids)
+        self._client.xack(self._keys.stream(self._model), CONSUMER_GROUP, *entry_ids)
     return claim_and_check(self, consumer, entry_ids, request_ids)
 
 

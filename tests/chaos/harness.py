@@ -218,7 +218,7 @@ class ChaosFleet:
 
     def backlog(self) -> int:
         """Requests still in the stream: queued, running, or waiting to be reclaimed."""
-        return int(self.client.xlen(self.keys.requests(MODEL)))
+        return int(self.client.xlen(self.keys.stream(MODEL)))
 
     def settle(self, timeout_s: float = 60.0) -> bool:
         """Waits until every accepted request has left the stream (its answer written)."""
@@ -293,7 +293,7 @@ def on_device_of(fleet: ChaosFleet, hostname: str) -> int:
 
 def _holders(fleet: ChaosFleet) -> list[tuple[str, int]]:
     try:
-        consumers = fleet.client.xinfo_consumers(fleet.keys.requests(MODEL), CONSUMER_GROUP)
+        consumers = fleet.client.xinfo_consumers(fleet.keys.stream(MODEL), CONSUMER_GROUP)
     except redis.ResponseError:
         return []
     return [(to_text(c["name"]), int(c["pending"])) for c in consumers]

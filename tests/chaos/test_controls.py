@@ -48,7 +48,7 @@ def test_the_ledger_reports_a_second_answer_from_a_worker_that_overwrites(
     ledger = Ledger()
     with fleet.producer() as producer:
         request_id = ledger.send_new(producer)
-        (entry,) = fleet.client.xrange(fleet.keys.requests(MODEL))
+        (entry,) = fleet.client.xrange(fleet.keys.stream(MODEL))
         fleet.processes.start("overwrite", "worker", "--cpu", module=BROKEN)
         producer.result(request_id, timeout_s=30)
         fleet.deliver_again(entry, "again")

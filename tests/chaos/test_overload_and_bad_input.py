@@ -135,7 +135,7 @@ def test_untrusted_input_is_refused_typed_and_harms_no_one(
                 producer.submit(MODEL, value, **options)
         with pytest.raises(InvalidInput):
             producer.submit(MODEL, nested(5000))
-        stream = fleet.keys.requests(MODEL)
+        stream = fleet.keys.stream(MODEL)
         for fields in stream_garbage(rng):
             fleet.client.xadd(stream, fields)  # type: ignore[arg-type]
         queue = fleet.keys.celery_queue(MODEL)

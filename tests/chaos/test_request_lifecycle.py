@@ -94,7 +94,7 @@ def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
     ledger = Ledger()
     with fleet.producer() as producer:
         request_id = ledger.send_new(producer)
-        (entry,) = fleet.client.xrange(fleet.keys.requests(MODEL))
+        (entry,) = fleet.client.xrange(fleet.keys.stream(MODEL))
         fleet.processes.start("worker", "--cpu")
         assert producer.result(request_id, timeout_s=30) == {"echo": ledger.accepted[request_id]}
         wait_until(lambda: not fleet.client.exists(fleet.keys.result(request_id)))

@@ -31,9 +31,9 @@ def test_a_repeated_input_is_answered_from_the_cache_until_the_model_version_cha
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet)
         (first,) = list(producer.results([producer.submit("synthetic", {"q": "same"})]))
-        last_entry = client.xinfo_stream(keys.requests("synthetic"))["last-generated-id"]
+        last_entry = client.xinfo_stream(keys.stream("synthetic"))["last-generated-id"]
         (again,) = list(producer.results([producer.submit("synthetic", {"q": "same"})]))
-        assert client.xinfo_stream(keys.requests("synthetic"))["last-generated-id"] == last_entry
+        assert client.xinfo_stream(keys.stream("synthetic"))["last-generated-id"] == last_entry
         assert not first.cached and again.cached
         assert again.output == first.output == expected_output({"q": "same"})
         assert again.model_version == "v1" and again.batch_id is None

@@ -50,7 +50,7 @@ def cancelled(producer: Producer, request_id: str) -> bool:
 
 def on_device(client: redis.Redis, keys: Keys) -> bool:
     """Whether a worker's device holds a request of the model now (its batch is running)."""
-    pending = client.xpending_range(keys.requests("synthetic"), CONSUMER_GROUP, "-", "+", 10)
+    pending = client.xpending_range(keys.stream("synthetic"), CONSUMER_GROUP, "-", "+", 10)
     return any(held_on_device(row["consumer"].decode()) for row in pending)
 
 
@@ -73,7 +73,7 @@ def test_a_queued_request_cancelled_never_runs_and_its_neighbours_do(
         first, second, third = producer.submit_many("synthetic", [{"n": n} for n in (1, 2, 3)])
         assert producer.cancel(second) is True
         assert cancelled(producer, second)
-        assert client.xlen(keys.requests("synthetic")) == 2, "the cancelled entry left the queue"
+        assert client.xlen(keys.stream("synthetic")) == 2, "the cancelled entry left the queue"
         assert client.hget(keys.stats("synthetic"), "failed:cancelled") == b"1"
         fleet.start("worker", "--cpu")
         answers = {r.request_id: r for r in producer.results([first, third], timeout_s=60)}

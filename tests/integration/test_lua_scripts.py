@@ -22,7 +22,7 @@ from producer.client import Producer
 from workers.local.local_redis import LocalRedis
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState, GpuClaim, NodeBeat, node_heartbeat
-from workers.protocol.results import Final, ResultWriter, error_final
+from workers.protocol.results import Answer, ResultWriter, error_answer
 
 MODEL = "m"
 QUEUE_CAP = 3
@@ -78,7 +78,7 @@ def stats(client: redis.Redis, keys: Keys) -> dict[str, int]:
     return {to_text(k): int(v) for k, v in client.hgetall(keys.stats(MODEL)).items()}
 
 
-def answer(item: Prepared, entry_id: str, version: str | None = None) -> Final:
+def answer(item: Prepared, entry_id: str, version: str | None = None) -> Answer:
     """The final answer a worker writes for ``item``, with the output ``["out", input]``."""
     request = item.request
     result = Result(
@@ -89,7 +89,7 @@ def answer(item: Prepared, entry_id: str, version: str | None = None) -> Final:
         submitted_at=request.submitted_at,
         finished_at=request.submitted_at,
     )
-    return Final(entry_id=entry_id, result=result, digest=item.digest, ttl_s=60)
+    return Answer(entry_id=entry_id, result=result, digest=item.digest, ttl_s=60)
 
 
 def entry_of(client: redis.Redis, item: Prepared) -> str:
@@ -106,7 +106,7 @@ def test_admit_accepts_new_requests_into_the_stream(
     """New ids are appended to the stream and recorded as ``digest:entry:model``; counted."""
     chunk = prepare(core, "a", "b")
     assert admit(store, core, chunk) == ["accepted", "accepted"]
-    entries = store.xrange(keys.requests(MODEL))
+    entries = store.xrange(keys.stream(MODEL))
     assert [Request.decode(fields[STREAM_FIELD.encode()]).input for _, fields in entries] == [
         "a",
         "b",
@@ -124,7 +124,7 @@ def test_admit_keeps_a_resubmitted_id_with_the_same_input_once(
     chunk = prepare(core, "a", ids=["r1"])
     admit(store, core, chunk)
     assert admit(store, core, prepare(core, "a", ids=["r1"])) == ["duplicate"]
-    assert store.xlen(keys.requests(MODEL)) == 1
+    assert store.xlen(keys.stream(MODEL)) == 1
     assert stats(store, keys) == {stats_fields.ACCEPTED: 1}
 
 
@@ -136,7 +136,7 @@ def test_admit_refuses_a_whole_chunk_with_a_reused_id(
     admit(store, core, prepare(core, "a", ids=["r1"]))
     chunk = prepare(core, "other", "b", ids=["r1", "r2"])
     assert admit(store, core, chunk) == ["conflict", "withheld"]
-    assert store.xlen(keys.requests(MODEL)) == 1
+    assert store.xlen(keys.stream(MODEL)) == 1
     assert store.get(chunk[1].record_key) is None
     assert stats(store, keys) == {
         stats_fields.ACCEPTED: 1,
@@ -151,7 +151,7 @@ def test_admit_refuses_a_chunk_the_queue_has_no_room_for(
     admit(store, core, prepare(core, "a", "b", ids=["r1", "r2"]))
     chunk = prepare(core, "a", "c", "d", ids=["r1", "r3", "r4"])
     assert admit(store, core, chunk) == ["duplicate", "full", "full"]
-    assert store.xlen(keys.requests(MODEL)) == 2
+    assert store.xlen(keys.stream(MODEL)) == 2
     assert stats(store, keys) == {stats_fields.ACCEPTED: 2, stats_fields.refused("queue_full"): 2}
 
 
@@ -181,7 +181,7 @@ def test_admit_answers_an_input_cached_by_the_current_version_at_once(
     assert result.request_id == item.request_id and result.model == MODEL
     assert store.get(item.record_key) == item.digest.encode()
     assert 0 < store.pttl(item.result_key) <= item.result_ttl_ms
-    assert store.xlen(keys.requests(MODEL)) == 0
+    assert store.xlen(keys.stream(MODEL)) == 0
     assert stats(store, keys) == {
         stats_fields.ACCEPTED: 1,
         stats_fields.CACHE_MISS: 1,
@@ -302,12 +302,12 @@ def test_cancel_removes_a_request_no_batcher_has_read(
 ) -> None:
     """Unread, the entry leaves the stream; the ``cancelled`` answer is published to every
     waiter and counted."""
-    store.xgroup_create(keys.requests(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
+    store.xgroup_create(keys.stream(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
     (item,) = prepare(core, "a")
     admit(store, core, [item])
     store.sadd(keys.waiters(item.request_id), keys.inbox("p1"))
     assert producer.cancel(item.request_id) is True
-    assert store.xlen(keys.requests(MODEL)) == 0
+    assert store.xlen(keys.stream(MODEL)) == 0
     result = Result.decode(store.get(item.result_key))
     assert result.error is not None and result.error.code == "cancelled"
     assert result.model == MODEL
@@ -321,12 +321,12 @@ def test_cancel_leaves_a_read_request_in_the_stream(
     store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
 ) -> None:
     """A request a batcher holds stays pending (its batch skips it), answered ``cancelled``."""
-    store.xgroup_create(keys.requests(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
+    store.xgroup_create(keys.stream(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
     (item,) = prepare(core, "a")
     admit(store, core, [item])
-    store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.requests(MODEL): ">"})
+    store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.stream(MODEL): ">"})
     assert producer.cancel(item.request_id) is True
-    assert store.xlen(keys.requests(MODEL)) == 1
+    assert store.xlen(keys.stream(MODEL)) == 1
     assert Result.decode(store.get(item.result_key)).error is not None
     assert stats(store, keys)[stats_fields.failed("cancelled")] == 1
 
@@ -363,10 +363,10 @@ def test_cancel_answers_a_cached_request_without_touching_a_stream(
 
 def queued(store: redis.Redis, core: ProducerCore, keys: Keys, *inputs: str) -> list[Prepared]:
     """Requests admitted and read by a batcher (pending in the group)."""
-    store.xgroup_create(keys.requests(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
+    store.xgroup_create(keys.stream(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
     items = prepare(core, *inputs)
     admit(store, core, items)
-    store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.requests(MODEL): ">"})
+    store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.stream(MODEL): ">"})
     return items
 
 
@@ -388,7 +388,7 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     assert not store.hexists(keys.attempts(MODEL), entry)
 
     request = first.request
-    late = error_final(request, entry, "model_error", "late", ttl_s=60)
+    late = error_answer(request, entry, "model_error", "late", ttl_s=60)
     assert writer.finalize([late]) == ["duplicate"]
     assert Result.decode(store.get(first.result_key)).output == ["out", "a"]
 
@@ -396,8 +396,8 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     store.set(second.record_key, "another digest")
     assert writer.finalize([answer(second, other_entry)]) == ["stale"]
     assert store.get(second.result_key) is None
-    assert store.xlen(keys.requests(MODEL)) == 0
-    assert store.xpending(keys.requests(MODEL), CONSUMER_GROUP)["pending"] == 0
+    assert store.xlen(keys.stream(MODEL)) == 0
+    assert store.xpending(keys.stream(MODEL), CONSUMER_GROUP)["pending"] == 0
     assert stats(store, keys)[stats_fields.COMPLETED] == 1
 
 
@@ -407,7 +407,7 @@ def test_count_device_deaths_counts_only_entries_of_gone_devices(
     """An entry on a gone process's device counts one more attempt and moves to the claiming
     consumer; one on a live device is left to it (None); one elsewhere keeps its count."""
     writer = ResultWriter(store, keys, MODEL)
-    stream = keys.requests(MODEL)
+    stream = keys.stream(MODEL)
     on_gone, on_live, elsewhere = queued(store, core, keys, "a", "b", "c")
     gone, live = device_consumer("w1", "old"), device_consumer("w2", "now")
     entries = [entry_of(store, item) for item in (on_gone, on_live, elsewhere)]
@@ -512,7 +512,7 @@ def test_prune_consumers_forgets_idle_consumers_that_hold_nothing(
 ) -> None:
     """Consumers with nothing pending past the idle time go; one holding entries and the
     caller itself stay."""
-    stream = keys.requests(MODEL)
+    stream = keys.stream(MODEL)
     queued(store, core, keys, "a")
     store.xgroup_createconsumer(stream, CONSUMER_GROUP, "empty")
     store.xgroup_createconsumer(stream, CONSUMER_GROUP, "me")

@@ -37,7 +37,7 @@ def test_low_priority_is_served_under_a_saturating_high_priority_flood(
     flooding = threading.Event()
     high_ids: list[str] = []
     settings = settings_for(fleet.env)
-    stream = Keys(settings.key_prefix).requests("synthetic")
+    stream = Keys(settings.key_prefix).stream("synthetic")
     client = redis.Redis.from_url(settings.redis_url.get_secret_value())
     with producer_for(fleet) as producer, producer_for(fleet) as flooder:
         wait_ready(producer, fleet)

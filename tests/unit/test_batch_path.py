@@ -26,7 +26,7 @@ from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat, work
 from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
-STREAM = KEYS.requests("synthetic")
+STREAM = KEYS.stream("synthetic")
 
 
 class RecordingCelery:
@@ -152,7 +152,7 @@ def test_expired_request_gets_an_expired_error_and_is_never_sent(
     add_worker(fake_redis)
     prepared = ProducerCore(settings).prepare("synthetic", "late", deadline_s=5)
     stale = prepared.request.model_copy(update={"deadline_at": time.time() - 1})
-    fake_redis.set(KEYS.request(stale.request_id), stale.digest)
+    fake_redis.set(KEYS.record(stale.request_id), stale.digest)
     fake_redis.xadd(STREAM, {STREAM_FIELD: stale.encode()})
     batcher.step()
     batcher.step()

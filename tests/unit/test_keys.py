@@ -6,7 +6,7 @@ from config.keys import CONSUMER_GROUP, Keys, device_consumer, held_on_device, w
 def test_every_key_has_its_exact_string() -> None:
     """Keys are built under one prefix with ':' separators, exactly as documented."""
     keys = Keys("bf")
-    assert keys.requests("m") == "bf:m:m:requests"
+    assert keys.stream("m") == "bf:m:m:requests"
     assert keys.inflight("m") == "bf:m:m:inflight"
     assert keys.inflight_owners("m") == "bf:m:m:inflight_owners"
     assert keys.slot_free("m") == "bf:m:m:slot_free"
@@ -14,7 +14,7 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.attempts("m") == "bf:m:m:attempts"
     assert keys.batch_cap("m") == "bf:m:m:batch_cap"
     assert keys.dead_letter("m") == "bf:m:m:dead"
-    assert keys.request("r1") == "bf:r:r1"
+    assert keys.record("r1") == "bf:r:r1"
     assert keys.waiters("r1") == "bf:w:r1"
     assert keys.result("r1") == "bf:res:r1"
     assert keys.inbox("p1") == "bf:inbox:p1"
@@ -33,4 +33,4 @@ def test_every_key_has_its_exact_string() -> None:
 def test_prefix_separates_fleets() -> None:
     """Two prefixes never share a key, so fleets can share one Redis."""
     assert Keys("a").result("x") != Keys("b").result("x")
-    assert Keys("a").requests("m").startswith("a:")
+    assert Keys("a").stream("m").startswith("a:")

@@ -35,8 +35,8 @@ class FleetCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         pipe = self._client.pipeline(transaction=False)
         for model in self._models:
-            pipe.xlen(self._keys.requests(model))
-            pipe.xrange(self._keys.requests(model), count=1)
+            pipe.xlen(self._keys.stream(model))
+            pipe.xrange(self._keys.stream(model), count=1)
             pipe.hgetall(self._keys.stats(model))
         pipe.time()
         try:

@@ -36,7 +36,7 @@ from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import StreamEntry, ensure_group, read_entries, to_text
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.protocol.model_times import ModelTimeEstimate
-from workers.protocol.results import ResultWriter, error_final, gave_up_final
+from workers.protocol.results import ResultWriter, error_answer, poison_answer
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class ModelBatcher:
         self.model = model
         self.policy = settings.policy(model)
         self.keys = Keys(settings.key_prefix)
-        self.stream = self.keys.requests(model)
+        self.stream = self.keys.stream(model)
         self.consumer = consumer
         self._client = client
         self._celery = celery
@@ -278,14 +278,14 @@ class ModelBatcher:
                 continue
             tries = (attempts or {}).get(entry_id, 0)
             if tries >= self.settings.batcher.max_attempts:
-                refused.append(gave_up_final(request, entry_id, tries, self.policy.result_ttl_s))
+                refused.append(poison_answer(request, entry_id, tries, self.policy.result_ttl_s))
                 poison.append((entry_id, raw, tries))
                 continue
             cost = self._cost_of(request.input)
             budget = self.policy.max_batch_cost
             if budget is not None and cost > budget:
                 refused.append(
-                    error_final(
+                    error_answer(
                         request,
                         entry_id,
                         "invalid_input",
@@ -328,8 +328,8 @@ class ModelBatcher:
         self._backlog_cursor = "0-0" if at_end else to_text(entries[-1][0])
         read = read_entries(entries, self.model, self.policy.result_ttl_s)
         now = time.time()
-        finals = [
-            error_final(
+        answers = [
+            error_answer(
                 request,
                 entry_id,
                 "expired",
@@ -339,13 +339,13 @@ class ModelBatcher:
             for entry_id, _, request in read.decoded
             if request.deadline_at <= now
         ]
-        if finals:
-            log.info("model %s: %d queued requests passed their deadline", self.model, len(finals))
-        self._writer.finalize(finals)
+        if answers:
+            log.info("model %s: %d queued requests passed their deadline", self.model, len(answers))
+        self._writer.finalize(answers)
 
     def _expire(self, expired: Sequence[Pending]) -> None:
-        finals = [
-            error_final(
+        answers = [
+            error_answer(
                 item.request,
                 item.entry_id,
                 "expired",
@@ -354,7 +354,7 @@ class ModelBatcher:
             )
             for item in expired
         ]
-        self._writer.finalize(finals)
+        self._writer.finalize(answers)
         for item in expired:
             self._pending.pop(item.entry_id, None)
 

@@ -148,7 +148,7 @@ def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dic
     for model, times in beat.model_times.items():
         pipe.hset(keys.model_time(model), mapping=times)
     for model in beat.models:
-        pipe.xlen(keys.requests(model))
+        pipe.xlen(keys.stream(model))
     if beat.gpu_claim is not None:
         lua.register(client, "renew_claim")(
             keys=[beat.gpu_claim.key],

@@ -17,7 +17,7 @@ import redis
 
 from config.errors import WireFormatError
 from config.schema import STREAM_FIELD, Request, is_valid_request_id
-from workers.protocol.results import Final, error_result
+from workers.protocol.results import Answer, error_result
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ReadEntries:
     """Entries sorted by what happens next."""
 
     decoded: list[DecodedEntry] = field(default_factory=list)
-    invalid: list[Final] = field(default_factory=list)
+    invalid: list[Answer] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
 
 
@@ -78,7 +78,7 @@ def read_entries(entries: Sequence[StreamEntry], model: str, result_ttl_s: float
                 read.dropped.append(entry_id)
             else:
                 result = error_result(request_id, model, "invalid_input", str(exc))
-                read.invalid.append(Final(entry_id, result, digest="", ttl_s=result_ttl_s))
+                read.invalid.append(Answer(entry_id, result, digest="", ttl_s=result_ttl_s))
             continue
         read.decoded.append((entry_id, raw, request))
     return read

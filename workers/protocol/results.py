@@ -25,7 +25,7 @@ RECENT_LATENCIES = 2000  # the answers `batchfleet top` computes latency percent
 
 
 @dataclass(frozen=True)
-class Final:
+class Answer:
     """A request's final answer, with the stream entry it closes."""
 
     entry_id: str
@@ -47,19 +47,19 @@ def error_result(
     )
 
 
-def error_final(
+def error_answer(
     request: Request, entry_id: str, code: ErrorCode, message: str, ttl_s: float
-) -> Final:
+) -> Answer:
     """The final error answer for a decoded request."""
     result = error_result(
         request.request_id, request.model, code, message, submitted_at=request.submitted_at
     )
-    return Final(entry_id=entry_id, result=result, digest=request.digest, ttl_s=ttl_s)
+    return Answer(entry_id=entry_id, result=result, digest=request.digest, ttl_s=ttl_s)
 
 
-def gave_up_final(request: Request, entry_id: str, attempts: int, ttl_s: float) -> Final:
+def poison_answer(request: Request, entry_id: str, attempts: int, ttl_s: float) -> Answer:
     """The ``poison`` answer of a request whose process died ``attempts`` times."""
-    return error_final(
+    return error_answer(
         request,
         entry_id,
         "poison",
@@ -102,20 +102,20 @@ class ResultWriter:
         self._script = lua.register(client, "finalize")
         self._count_deaths = lua.register(client, "count_device_deaths")
 
-    def finalize(self, finals: Sequence[Final]) -> list[str]:
+    def finalize(self, answers: Sequence[Answer]) -> list[str]:
         """Writes each final answer; returns per item ``written``, ``duplicate`` or ``stale``."""
-        if not finals:
+        if not answers:
             return []
         pipe = self._client.pipeline(transaction=False)
-        for final in finals:
+        for final in answers:
             request_id = final.result.request_id
             payload, counted_as = encode_answer(final.result)
             self._script(
                 keys=[
                     self._keys.result(request_id),
-                    self._keys.request(request_id),
+                    self._keys.record(request_id),
                     self._keys.waiters(request_id),
-                    self._keys.requests(self._model),
+                    self._keys.stream(self._model),
                     self._keys.attempts(self._model),
                     self._keys.stats(self._model),
                 ],
@@ -130,22 +130,22 @@ class ResultWriter:
                 client=pipe,
             )
         if self._cache_ttl_ms is not None:
-            self._cache_outputs(pipe, finals)
+            self._cache_outputs(pipe, answers)
         recent = [
             f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
-            for result in (final.result for final in finals)
+            for result in (final.result for final in answers)
             if result.submitted_at is not None
         ]
         if recent:
             pipe.lpush(self._keys.latencies(self._model), *recent)
             pipe.ltrim(self._keys.latencies(self._model), 0, RECENT_LATENCIES - 1)
-        statuses = pipe.execute()[: len(finals)]
+        statuses = pipe.execute()[: len(answers)]
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
-    def _cache_outputs(self, pipe: Any, finals: Sequence[Final]) -> None:
+    def _cache_outputs(self, pipe: Any, answers: Sequence[Answer]) -> None:
         """Adds each computed output to the model's response cache, tagged with the version
         that computed it."""
-        for final in finals:
+        for final in answers:
             result = final.result
             if result.error is not None or result.model_version is None:
                 continue
@@ -176,7 +176,7 @@ class ResultWriter:
         """Acks and deletes entries that carry no answerable request."""
         if not entry_ids:
             return
-        stream = self._keys.requests(self._model)
+        stream = self._keys.stream(self._model)
         pipe = self._client.pipeline(transaction=False)
         pipe.xack(stream, CONSUMER_GROUP, *entry_ids)
         pipe.xdel(stream, *entry_ids)
@@ -191,7 +191,7 @@ class ResultWriter:
             return []
         counts = self._count_deaths(
             keys=[
-                self._keys.requests(self._model),
+                self._keys.stream(self._model),
                 self._keys.attempts(self._model),
                 self._keys.devices(),
             ],
@@ -207,7 +207,7 @@ class ResultWriter:
         pipe = self._client.pipeline(transaction=False)
         if entry_ids:
             pipe.xclaim(
-                self._keys.requests(self._model),
+                self._keys.stream(self._model),
                 CONSUMER_GROUP,
                 consumer,
                 0,

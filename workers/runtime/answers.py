@@ -8,18 +8,18 @@ from typing import Any
 from config.errors import InvalidInput
 from config.schema import ErrorCode, Result, canonical_json
 from workers.models.base import ItemError
-from workers.protocol.results import Final, error_final
+from workers.protocol.results import Answer, error_answer
 from workers.runtime.batch_run import BatchRun
 from workers.runtime.device import ModelRun
 
 log = logging.getLogger(__name__)
 
 
-def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str) -> list[Final]:
+def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str) -> list[Answer]:
     """One final answer per request of the model runs: its output, or an error for the
     inputs that failed alone (the model's ``ItemError`` code, else ``model_error``) and the
     outputs that cannot travel as JSON."""
-    finals = []
+    answers = []
     for run in runs:
         for (entry_id, request), output in zip(run.runnables, run.outputs, strict=True):
             failure = _output_error(output, run.error)
@@ -28,7 +28,7 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
                 log.warning(
                     "batch %s: request %s failed: %s", batch.batch_id, request.request_id, message
                 )
-                finals.append(error_final(request, entry_id, code, message, batch.ttl_s))
+                answers.append(error_answer(request, entry_id, code, message, batch.ttl_s))
                 continue
             result = Result(
                 request_id=request.request_id,
@@ -43,8 +43,8 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
                 submitted_at=request.submitted_at,
                 finished_at=run.finished_at,
             )
-            finals.append(Final(entry_id, result, request.digest, batch.ttl_s))
-    return finals
+            answers.append(Answer(entry_id, result, request.digest, batch.ttl_s))
+    return answers
 
 
 def _output_error(output: Any, run_error: str | None) -> tuple[ErrorCode, str] | None:

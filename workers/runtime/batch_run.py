@@ -2,7 +2,7 @@
 
 A batch's requests are sorted before the device takes them: malformed entries, requests
 already answered by an earlier delivery, past their deadline, or out of attempts are answered
-at once (their ``finals``); the rest run. Late joiners taken from the stream when the device
+at once (their ``answers``); the rest run. Late joiners taken from the stream when the device
 frees are sorted the same way.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from config.schema import STREAM_FIELD, Request, Result
 from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
-from workers.protocol.results import Final, ResultWriter, error_final, gave_up_final
+from workers.protocol.results import Answer, ResultWriter, error_answer, poison_answer
 from workers.runtime.device import Runnable
 
 
@@ -27,7 +27,7 @@ class BatchRun:
     flush_reason: str | None
     writer: ResultWriter
     ttl_s: float
-    finals: list[Final] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)
     late: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
 
@@ -37,7 +37,7 @@ class BatchRun:
         read = read_entries(
             [(entry_id, {STREAM_FIELD: raw}) for entry_id, raw in entries], self.model, self.ttl_s
         )
-        self.finals.extend(read.invalid)
+        self.answers.extend(read.invalid)
         self.dropped.extend(read.dropped)
         return read.decoded, [entry_id for entry_id, _ in entries]
 
@@ -54,7 +54,7 @@ class BatchRun:
             if tries is None:
                 running.add(entry_id)
             elif tries >= max_attempts:
-                self.finals.append(gave_up_final(request, entry_id, tries, self.ttl_s))
+                self.answers.append(poison_answer(request, entry_id, tries, self.ttl_s))
                 poison.append((entry_id, raw, tries))
             else:
                 to_try.append((entry_id, raw, request))
@@ -67,12 +67,12 @@ class BatchRun:
         now = time.time()
         for (entry_id, _, request), answered in zip(decoded, done, strict=True):
             if answered:
-                self.finals.append(
-                    Final(entry_id, _placeholder(request), request.digest, self.ttl_s)
+                self.answers.append(
+                    Answer(entry_id, _placeholder(request), request.digest, self.ttl_s)
                 )
             elif request.deadline_at <= now:
-                self.finals.append(
-                    error_final(
+                self.answers.append(
+                    error_answer(
                         request,
                         entry_id,
                         "expired",
@@ -90,7 +90,7 @@ class BatchRun:
         if not entries:
             return []
         read = read_entries(entries, self.model, self.ttl_s)
-        self.finals.extend(read.invalid)
+        self.answers.extend(read.invalid)
         self.writer.drop(read.dropped)
         late = self.sort_out(read.decoded, [False] * len(read.decoded))
         self.late.update(entry_id for entry_id, _ in late)
@@ -100,10 +100,10 @@ class BatchRun:
         """Why the request ran in this batch: the batch's flush reason, or ``late``."""
         return "late" if entry_id in self.late else self.flush_reason
 
-    def finish(self, computed: Sequence[Final]) -> None:
+    def finish(self, computed: Sequence[Answer]) -> None:
         """Writes the answers ``computed`` by the model with every answer gathered so far
         (first answer wins), then takes the unreadable entries out of the stream."""
-        self.writer.finalize([*self.finals, *computed])
+        self.writer.finalize([*self.answers, *computed])
         self.writer.drop(self.dropped)
 
 

@@ -186,7 +186,7 @@ class WorkerRuntime:
         try:
             with self.device.lock:
                 arrived, confirm = self.device.claim(
-                    self.keys.requests(batch.model), runnable, fill_to
+                    self.keys.stream(batch.model), runnable, fill_to
                 )
                 on_device = [*runnable, *batch.sort_late(arrived)]
                 return isolate_failures(predict, on_device) if on_device else []

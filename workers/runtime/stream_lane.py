@@ -32,7 +32,7 @@ from config.schema import ErrorCode, Request, Result
 from config.settings import Settings
 from config.stream_chunks import encode_chunk, error_chunk, last_chunk
 from workers.protocol.entries import ensure_group, to_text
-from workers.protocol.results import Final, ResultWriter, error_final
+from workers.protocol.results import Answer, ResultWriter, error_answer
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class StreamLane:
         it off the lane."""
         ttl_s = self._policy.result_ttl_s
         if error is not None:
-            final = error_final(request, "", code, error, ttl_s)
+            final = error_answer(request, "", code, error, ttl_s)
             last = error_chunk(code, error)
         else:
             result = Result(
@@ -198,7 +198,7 @@ class StreamLane:
                 submitted_at=request.submitted_at,
                 finished_at=time.time(),
             )
-            final = Final("", result, request.digest, ttl_s)
+            final = Answer("", result, request.digest, ttl_s)
             last = last_chunk(output or {})
         (status,) = self._writer.finalize([final])
         if status == "written":

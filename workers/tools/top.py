@@ -47,7 +47,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, models: Sequence[str]) -> Sna
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for model in models:
-        pipe.xlen(keys.requests(model))
+        pipe.xlen(keys.stream(model))
         pipe.hgetall(keys.stats(model))
         pipe.lrange(keys.latencies(model), 0, -1)
         pipe.zrange(keys.workers(model), 0, -1, withscores=True)
