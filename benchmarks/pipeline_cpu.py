@@ -1,0 +1,127 @@
+"""The pipeline's own CPU cost: CPU seconds of every process per request and per batch.
+
+Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
+     [--base-ms 2] [--per-item-ms 0.02]
+For each max batch size it starts a private fleet (its own redis-server, a batcher, one CPU
+worker serving the synthetic model), sends the requests with ``Producer.submit_many`` and
+collects them with ``results``, and reads the CPU time (user + system) each process used
+meanwhile from ``/proc`` (this process's own for the producer). It prints µs per request and
+ms per batch by process. The synthetic model sleeps, so its model time costs no CPU: what is
+left is the pipeline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+from collections.abc import Callable
+
+import redis
+
+from config import stats_fields
+from config.keys import Keys
+from producer.client import Producer
+from workers.local.local_redis import LocalRedis
+from workers.local.private_fleet import PrivateFleet, private_fleet
+from workers.protocol.entries import to_text
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) ``pid`` has used, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def batches_sent(fleet: PrivateFleet) -> int:
+    """The batches the batcher has sent so far, from the model's stats hash."""
+    client = redis.Redis.from_url(fleet.redis_url)
+    try:
+        stats = client.hgetall(Keys(fleet.settings.key_prefix).stats("synthetic"))
+    finally:
+        client.close()
+    return sum(
+        int(count)
+        for field, count in stats.items()
+        if stats_fields.parse(to_text(field))[0] == stats_fields.BATCHES
+    )
+
+
+def measure(args: argparse.Namespace, max_batch_size: int) -> dict[str, float]:
+    """CPU seconds by process for one run, plus the batches it took (``batches``)."""
+    options = {"base_ms": args.base_ms, "per_item_ms": args.per_item_ms}
+    models = {
+        "synthetic": {
+            "max_batch_size": max_batch_size,
+            "max_queue_len": args.requests * 2,
+            "options": options,
+        }
+    }
+    with LocalRedis() as server:
+        os.environ["BATCHFLEET_REDIS_URL"] = server.url
+        with private_fleet(models) as fleet:
+            batcher, worker = fleet.processes.processes
+            readers: dict[str, Callable[[], float]] = {
+                "batcher": lambda: process_cpu_s(batcher.pid),
+                "worker": lambda: process_cpu_s(worker.pid),
+                "redis-server": lambda: process_cpu_s(server.pid),
+                "producer": own_cpu_s,
+            }
+            before = {name: read() for name, read in readers.items()}
+            batches_before = batches_sent(fleet)
+            started = time.monotonic()
+            with Producer(fleet.settings) as producer:
+                ids = producer.submit_many(
+                    "synthetic", [f"request {n}" for n in range(args.requests)]
+                )
+                for result in producer.results(ids):
+                    if result.error is not None:
+                        raise SystemExit(f"request failed: {result.error}")
+            elapsed_s = time.monotonic() - started
+            used = {name: read() - before[name] for name, read in readers.items()}
+            used["batches"] = batches_sent(fleet) - batches_before
+            used["elapsed_s"] = elapsed_s
+        del os.environ["BATCHFLEET_REDIS_URL"]
+    return used
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--base-ms", type=float, default=2.0)
+    parser.add_argument("--per-item-ms", type=float, default=0.02)
+    args = parser.parse_args()
+    roles = ("batcher", "worker", "redis-server", "producer")
+    print(
+        f"{args.requests} requests, synthetic model {args.base_ms} ms + {args.per_item_ms} "
+        "ms/item, one CPU worker; CPU (user + system) by process"
+    )
+    print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
+    header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
+    print(f"{'':>26}  {header}  {header}")
+    for size in args.batch_sizes:
+        used = measure(args, size)
+        batches = max(1, int(used["batches"]))
+        per_request = [used[role] / args.requests * 1e6 for role in roles]
+        per_batch = [used[role] / batches * 1e3 for role in roles]
+        rate = args.requests / used["elapsed_s"]
+        print(
+            f"{size:>9} {batches:>8} {rate:>7.0f}  "
+            + " ".join(f"{value:>8.0f}" for value in (*per_request, sum(per_request)))
+            + "  "
+            + " ".join(f"{value:>8.2f}" for value in (*per_batch, sum(per_batch)))
+        )
+
+
+if __name__ == "__main__":
+    main()
