@@ -312,17 +312,20 @@ class AsyncProducer:
                         pending.add(futures[request_id])
                     else:
                         yield result
-            while pending:
-                remaining = deadline - monotonic()
-                if remaining <= 0:
+            # Each future says when it is done: waiting costs the same per result however
+            # many are pending (waiting on the whole set would cost that set at every wake).
+            completed: asyncio.Queue[asyncio.Future[Result]] = asyncio.Queue()
+            for future in pending:
+                future.add_done_callback(completed.put_nowait)
+            for left in range(len(pending), 0, -1):
+                try:
+                    async with asyncio.timeout(max(deadline - monotonic(), 0)):
+                        done = await completed.get()
+                except TimeoutError:
                     raise ResultTimeout(
-                        f"{len(pending)} of {len(request_ids)} results did not come in time"
-                    )
-                done, pending = await asyncio.wait(
-                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-                )
-                for future in done:
-                    yield future.result()
+                        f"{left} of {len(request_ids)} results did not come in time"
+                    ) from None
+                yield done.result()
         finally:
             for request_id, future in futures.items():
                 self._listener.forget(request_id, future)

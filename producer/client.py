@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
+from queue import Empty, SimpleQueue
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -340,16 +341,19 @@ class Producer:
         futures = {request_id: self._listener.expect(request_id) for request_id in request_ids}
         try:
             pending = yield from self._already_done(futures)
-            while pending:
-                remaining = deadline - monotonic()
-                if remaining <= 0:
+            # Each future says when it is done: waiting costs the same per result however
+            # many are pending (waiting on the whole set would cost that set at every wake).
+            completed: SimpleQueue[Future[Result]] = SimpleQueue()
+            for future in pending:
+                future.add_done_callback(completed.put)
+            for left in range(len(pending), 0, -1):
+                try:
+                    future = completed.get(timeout=max(deadline - monotonic(), 0))
+                except Empty:
                     raise ResultTimeout(
-                        f"{len(pending)} of {len(request_ids)} results did not come in time"
-                    )
-                done, _ = wait(pending, timeout=remaining, return_when=FIRST_COMPLETED)
-                for future in done:
-                    pending.pop(future)
-                    yield future.result()
+                        f"{left} of {len(request_ids)} results did not come in time"
+                    ) from None
+                yield future.result()
         finally:
             for request_id, future in futures.items():
                 self._listener.forget(request_id, future)
