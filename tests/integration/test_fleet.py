@@ -7,7 +7,9 @@ import socket
 from collections.abc import Callable
 
 import pytest
+import redis
 
+from config.keys import Keys
 from producer.async_client import AsyncProducer
 from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
@@ -83,6 +85,26 @@ def test_thousand_requests_through_async_producer(make_fleet: Callable[..., Loca
         outcome["outputs"],  # type: ignore[arg-type]
         {request_id: expected_output({"n": index}) for index, request_id in enumerate(ids)},
     )
+
+
+def test_a_prefork_worker_runs_batches_in_its_children(
+    make_fleet: Callable[..., LocalFleet], redis_client: redis.Redis
+) -> None:
+    """With the prefork pool, batches run in Celery's child processes: every request gets its
+    own answer, the parent tells batchers the worker and its two slots are there, and the
+    children publish the worker's status."""
+    fleet = make_fleet(BATCHFLEET_WORKER__POOL="prefork")
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu", "--name", "forked@host")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        inputs = [f"sentence {index}" for index in range(200)]
+        assert producer.infer("synthetic", inputs, timeout_s=60) == [
+            expected_output(value) for value in inputs
+        ]
+    keys = Keys(fleet.env["BATCHFLEET_KEY_PREFIX"])
+    assert redis_client.zrange(keys.workers("synthetic"), 0, -1) == [b"forked@host|2"]
+    assert redis_client.hget(keys.node("forked@host"), "models") == b"synthetic"
 
 
 def test_two_workers_share_the_load(make_fleet: Callable[..., LocalFleet]) -> None:
