@@ -103,13 +103,13 @@ class ResultWriter:
         self._count_deaths = lua.register(client, "count_device_deaths")
 
     def finalize(self, answers: Sequence[Answer]) -> list[str]:
-        """Writes each final answer; returns per item ``written``, ``duplicate`` or ``stale``."""
+        """Writes each answer answer; returns per item ``written``, ``duplicate`` or ``stale``."""
         if not answers:
             return []
         pipe = self._client.pipeline(transaction=False)
-        for final in answers:
-            request_id = final.result.request_id
-            payload, counted_as = encode_answer(final.result)
+        for answer in answers:
+            request_id = answer.result.request_id
+            payload, counted_as = encode_answer(answer.result)
             self._script(
                 keys=[
                     self._keys.result(request_id),
@@ -121,10 +121,10 @@ class ResultWriter:
                 ],
                 args=[
                     payload,
-                    final.digest,
-                    int(final.ttl_s * 1000),
+                    answer.digest,
+                    int(answer.ttl_s * 1000),
                     CONSUMER_GROUP,
-                    final.entry_id,
+                    answer.entry_id,
                     counted_as,
                 ],
                 client=pipe,
@@ -133,7 +133,7 @@ class ResultWriter:
             self._cache_outputs(pipe, answers)
         recent = [
             f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
-            for result in (final.result for final in answers)
+            for result in (answer.result for answer in answers)
             if result.submitted_at is not None
         ]
         if recent:
@@ -145,15 +145,15 @@ class ResultWriter:
     def _cache_outputs(self, pipe: Any, answers: Sequence[Answer]) -> None:
         """Adds each computed output to the model's response cache, tagged with the version
         that computed it."""
-        for final in answers:
-            result = final.result
+        for answer in answers:
+            result = answer.result
             if result.error is not None or result.model_version is None:
                 continue
             try:
                 output = canonical_json(result.output)
             except InvalidInput:
                 continue  # answered model_error by encode_answer: nothing to cache
-            key = self._keys.cache(self._model, final.digest)
+            key = self._keys.cache(self._model, answer.digest)
             pipe.set(key, cache_entry(result.model_version, output), px=self._cache_ttl_ms)
 
     def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:

@@ -185,7 +185,7 @@ class StreamLane:
         it off the lane."""
         ttl_s = self._policy.result_ttl_s
         if error is not None:
-            final = error_answer(request, "", code, error, ttl_s)
+            answer = error_answer(request, "", code, error, ttl_s)
             last = error_chunk(code, error)
         else:
             result = Result(
@@ -198,9 +198,9 @@ class StreamLane:
                 submitted_at=request.submitted_at,
                 finished_at=time.time(),
             )
-            final = Answer("", result, request.digest, ttl_s)
+            answer = Answer("", result, request.digest, ttl_s)
             last = last_chunk(output or {})
-        (status,) = self._writer.finalize([final])
+        (status,) = self._writer.finalize([answer])
         if status == "written":
             self._send(request, last, entry_id)
         self._done(entry_id)
