@@ -22,6 +22,7 @@ from producer.client import Producer
 from workers.local.local_redis import LocalRedis
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState, GpuClaim, NodeBeat, node_heartbeat
+from workers.protocol.entries import to_text
 from workers.protocol.results import Answer, ResultWriter, error_answer
 
 MODEL = "m"
@@ -68,10 +69,6 @@ def admit(client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared]) ->
 
 def prepare(core: ProducerCore, *inputs: Any, ids: Sequence[str] | None = None) -> list[Prepared]:
     return core.prepare_all(MODEL, list(inputs), request_ids=ids)
-
-
-def to_text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def stats(client: redis.Redis, keys: Keys) -> dict[str, int]:
