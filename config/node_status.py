@@ -31,12 +31,16 @@ BUSY_S = "busy_s"
 LAST_BATCH_AT = "last_batch_at"
 
 GPU_PREFIX = "gpu_"
+GPU_NAME = "gpu_name"
+GPU_UTILISATION = "gpu_utilisation"
+GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL_BYTES = "gpu_memory_total_bytes"
 GPU_FIELDS = (
     "gpu_index",
-    "gpu_name",
-    "gpu_utilisation",
-    "gpu_memory_used_bytes",
-    "gpu_memory_total_bytes",
+    GPU_NAME,
+    GPU_UTILISATION,
+    GPU_MEMORY_USED_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
     "gpu_temperature_c",
     "gpu_power_w",
 )

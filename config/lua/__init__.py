@@ -6,7 +6,8 @@ a script touches comes in through KEYS, built by ``config.keys``; stats field na
 through ARGV (``config.stats_fields``).
 
 A line ``--#include NAME.lua`` is replaced by that file's text when the script is loaded
-(``publish_answer.lua``, shared by ``finalize`` and ``cancel``, is included that way).
+(``publish_answer.lua``, shared by ``finalize`` and ``cancel``, and ``server_now.lua``, by
+the scripts that score by Redis server time, are included that way).
 """
 
 from __future__ import annotations

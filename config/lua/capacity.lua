@@ -1,6 +1,7 @@
 -- Prunes workers whose heartbeat expired, batches whose worker is gone, batches older than
 -- the lease (published but never started) and owners of batches no longer counted, then
 -- counts what is left. Returns {live worker members, batches in flight}.
+--#include server_now.lua
 
 local workers = KEYS[1]
 local inflight = KEYS[2]
@@ -8,8 +9,7 @@ local inflight_owners = KEYS[3]
 
 local lease_s = tonumber(ARGV[1])
 
-local t = redis.call('TIME')
-local now = t[1] + t[2] / 1e6
+local now = server_now()
 redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
 for _, batch in ipairs(redis.call('ZRANGE', inflight, 0, -1)) do
   local owner = redis.call('HGET', inflight_owners, batch)

@@ -3,6 +3,7 @@
 -- it), or -1 when a live process's device holds it (that process is running it now). Entries
 -- not on a live device move to the claiming consumer in the same step, so no one counts the
 -- same death again. Returns the counts, in the order of the entries.
+--#include server_now.lua
 
 local stream = KEYS[1]
 local attempts = KEYS[2]
@@ -13,8 +14,7 @@ local device_suffix = ARGV[2]  -- how a device consumer's name ends
 local claiming_consumer = ARGV[3]
 local FIRST_ENTRY = 4  -- the entry ids are ARGV[FIRST_ENTRY..]
 
-local t = redis.call('TIME')
-local now = t[1] + t[2] / 1e6
+local now = server_now()
 local counts = {}
 local claim = {}
 for i = FIRST_ENTRY, #ARGV do

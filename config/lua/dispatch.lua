@@ -1,8 +1,8 @@
 -- Records a batch as in flight, scored by its dispatch time (Redis server time).
+--#include server_now.lua
 
 local inflight = KEYS[1]
 
 local batch_id = ARGV[1]
 
-local t = redis.call('TIME')
-return redis.call('ZADD', inflight, t[1] + t[2] / 1e6, batch_id)
+return redis.call('ZADD', inflight, server_now(), batch_id)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from config import node_status
+
 log = logging.getLogger(__name__)
 
 
@@ -132,7 +134,9 @@ class GpuReading:
         """The reading as a flat string map (a Redis hash), each name prefixed ``gpu_``;
         absent figures are left out."""
         return {
-            f"gpu_{key}": str(value) for key, value in asdict(self).items() if value is not None
+            f"{node_status.GPU_PREFIX}{key}": str(value)
+            for key, value in asdict(self).items()
+            if value is not None
         }
 
 

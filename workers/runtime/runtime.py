@@ -129,7 +129,7 @@ class WorkerRuntime:
         batch = BatchRun(task.model, task.batch_id, task.flush_reason, writer, policy.result_ttl_s)
         try:
             state.batch_started(task.batch_id, self.member)
-            ran = self._run_batch(batch, task.entries, redelivered)
+            ran = self._run_batch(batch, task.entries, redelivered, policy.tops_up)
         finally:
             # The slot comes back whatever happened; requests left unanswered by a failure
             # stay pending in the stream and are reclaimed after the lease.
@@ -137,7 +137,7 @@ class WorkerRuntime:
         return {"batch_id": task.batch_id, "size": len(task.entries), "ran": ran}
 
     def _run_batch(
-        self, batch: BatchRun, entries: Sequence[Sequence[str]], redelivered: bool
+        self, batch: BatchRun, entries: Sequence[Sequence[str]], redelivered: bool, tops_up: bool
     ) -> int:
         decoded, entry_ids = batch.read(entries)
         if redelivered:
@@ -154,7 +154,6 @@ class WorkerRuntime:
             self.consumer, entry_ids, [request.request_id for _, _, request in decoded]
         )
         runnable = batch.sort_out(decoded, done)
-        policy = self.settings.policy(batch.model)
         version = self.model(batch.model).version
         runs: list[ModelRun] = []
         if redelivered or batch.flush_reason == "isolated":
@@ -168,8 +167,8 @@ class WorkerRuntime:
                     single = self._run_on_device(batch, [one], 0)
                     batch.writer.finalize(answers_of(batch, single, version, self.hostname))
                     self._observe(batch.model, single)
-        elif runnable or policy.tops_up:
-            fill_to = self.batch_cap(batch.model).current() if policy.tops_up else 0
+        elif runnable or tops_up:
+            fill_to = self.batch_cap(batch.model).current() if tops_up else 0
             runs = self._run_on_device(batch, runnable, fill_to)
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         batch.finish(answers_of(batch, runs, version, self.hostname))

@@ -22,7 +22,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
-from config import stats_fields
+from config import node_status, stats_fields
 from config.keys import Keys
 from workers.protocol.entries import to_text
 from workers.tools.pricing import money
@@ -174,20 +174,21 @@ def _mean_batch(model: str, before: Snapshot, now: Snapshot) -> str:
             for hostname, status in now.nodes.items()
         )
 
-    batches = change(f"batches:{model}")
-    return f"{change(f'requests:{model}') / batches:.1f}" if batches > 0 else "-"
+    batches = change(node_status.batches_of(model))
+    return f"{change(node_status.requests_of(model)) / batches:.1f}" if batches > 0 else "-"
 
 
 def worker_table(before: Snapshot, now: Snapshot) -> Table:
     table = _table("workers", ("worker", "device", "busy", "GPU", "memory", "last batch"))
     for hostname, status in sorted(now.nodes.items()):
         busy = _busy(before.nodes.get(hostname, {}), status)
-        utilisation = status.get("gpu_utilisation")
-        used, total = status.get("gpu_memory_used_bytes"), status.get("gpu_memory_total_bytes")
-        last = status.get("last_batch_at")
+        utilisation = status.get(node_status.GPU_UTILISATION)
+        used = status.get(node_status.GPU_MEMORY_USED_BYTES)
+        total = status.get(node_status.GPU_MEMORY_TOTAL_BYTES)
+        last = status.get(node_status.LAST_BATCH_AT)
         table.add_row(
             hostname,
-            status.get("gpu_name", status.get("device", "?")),
+            status.get(node_status.GPU_NAME, status.get(node_status.DEVICE, "?")),
             f"{busy:.0%}" if busy is not None else "-",
             f"{float(utilisation):.0%}" if utilisation else "-",
             f"{int(used) / 2**30:.1f}/{int(total) / 2**30:.0f}G" if used and total else "-",
@@ -199,8 +200,8 @@ def worker_table(before: Snapshot, now: Snapshot) -> Table:
 def _busy(old: dict[str, str], status: dict[str, str]) -> float | None:
     """A worker's busy fraction between two of its statuses, on its own clock (its status
     changes once a heartbeat, not once a refresh); None before two are seen."""
-    worked_s = float(status.get("busy_s", 0)) - float(old.get("busy_s", 0))
-    beats_s = float(status.get("at", 0)) - float(old.get("at", 0))
+    worked_s = float(status.get(node_status.BUSY_S, 0)) - float(old.get(node_status.BUSY_S, 0))
+    beats_s = float(status.get(node_status.AT, 0)) - float(old.get(node_status.AT, 0))
     return worked_s / beats_s if old and beats_s > 0 else None
 
 
