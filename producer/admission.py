@@ -310,16 +310,16 @@ class ProducerCore:
             self.check_admission(item, reply)
         return [item.request_id for item in chunk]
 
-    def watch_call(self, request_id: str) -> tuple[list[str], list[str]]:
-        """The keys and args of the watch script for ``request_id``."""
-        return (
-            [
+    def watch_call(self, request_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The keys and args of one watch script call for ``request_ids``."""
+        keys = []
+        for request_id in request_ids:
+            keys += [
                 self.keys.result(request_id),
                 self.keys.record(request_id),
                 self.keys.waiters(request_id),
-            ],
-            [self.inbox],
-        )
+            ]
+        return keys, [self.inbox]
 
     def stream_call(self, item: Prepared) -> tuple[list[str], list[str | int]]:
         """The keys and args of the streaming admission script for ``item``."""
@@ -384,21 +384,22 @@ class ProducerCore:
         return status != "final"
 
     @staticmethod
-    def read_watch(request_id: str, reply: list[Any]) -> Result | None:
-        """The result if the request is final, None while it is pending.
+    def read_watch(request_ids: Sequence[str], reply: Sequence[Any]) -> list[Result | None]:
+        """Per request of a watch call, its result if it is final, None while it is pending.
 
         Raises:
-            UnknownRequest: the id was never accepted or its result has expired.
+            UnknownRequest: an id was never accepted or its result has expired.
         """
-        status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
-        if status == "done":
-            return Result.decode(reply[1])
-        if status == "unknown":
-            raise UnknownRequest(
-                f"request {abbreviated(request_id)} is unknown: never accepted, or its result"
-                " expired"
-            )
-        return None
+        results: list[Result | None] = []
+        for request_id, (status, raw) in zip(request_ids, reply, strict=True):
+            status = status.decode() if isinstance(status, bytes) else status
+            if status == "unknown":
+                raise UnknownRequest(
+                    f"request {abbreviated(request_id)} is unknown: never accepted, or its"
+                    " result expired"
+                )
+            results.append(Result.decode(raw) if status == "done" else None)
+        return results
 
     def default_timeout_s(self) -> float:
         """How long a wait lasts when the caller does not say: the longest request lifetime."""

@@ -300,14 +300,11 @@ class AsyncProducer:
         try:
             pending: set[asyncio.Future[Result]] = set()
             for batch in chunks(list(futures), self._core.settings.submit_chunk):
+                keys, args = self._core.watch_call(batch)
                 with broker_errors():
-                    pipe = self._client.pipeline(transaction=False)
-                    for request_id in batch:
-                        keys, args = self._core.watch_call(request_id)
-                        await self._watch(keys=keys, args=args, client=pipe)
-                    replies = await pipe.execute()
-                for request_id, reply in zip(batch, replies, strict=True):
-                    result = self._core.read_watch(request_id, reply)
+                    reply = await self._watch(keys=keys, args=args)
+                read = self._core.read_watch(batch, reply)
+                for request_id, result in zip(batch, read, strict=True):
                     if result is None:
                         pending.add(futures[request_id])
                     else:

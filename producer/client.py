@@ -364,14 +364,10 @@ class Producer:
         """Yields the results already final; returns the futures still pending."""
         pending: dict[Future[Result], str] = {}
         for batch in chunks(list(futures), self._core.settings.submit_chunk):
+            keys, args = self._core.watch_call(batch)
             with broker_errors():
-                pipe = self._client.pipeline(transaction=False)
-                for request_id in batch:
-                    keys, args = self._core.watch_call(request_id)
-                    self._watch(keys=keys, args=args, client=pipe)
-                replies = pipe.execute()
-            for request_id, reply in zip(batch, replies, strict=True):
-                result = self._core.read_watch(request_id, reply)
+                reply = self._watch(keys=keys, args=args)
+            for request_id, result in zip(batch, self._core.read_watch(batch, reply), strict=True):
                 if result is None:
                     pending[futures[request_id]] = request_id
                 else:

@@ -25,7 +25,11 @@ local cancelled_field = ARGV[6]  -- the stats field counting a cancelled request
 local record = redis.call('GET', record_key)
 if not record then return 'unknown' end
 if record ~= record_read then return 'changed' end
-if not publish_answer(result_key, record_key, waiters_key, result, ttl_ms) then return 'final' end
+local inboxes = publish_answer(result_key, record_key, waiters_key, result, ttl_ms)
+if not inboxes then return 'final' end
+local pushes = {}
+add_pushes(pushes, inboxes, result, ttl_ms)
+push_answers(pushes)
 if entry == '' then return 'cancelled' end
 redis.call('HINCRBY', stats, cancelled_field, 1)
 

@@ -1,14 +1,39 @@
 -- Publishes a request's final answer, first write wins: stores the result unless one exists,
--- keeps the admission record as long as the result, pushes the result to the inbox of every
--- producer waiting for it and forgets the waiters. Included by finalize.lua and cancel.lua.
--- Returns true when this answer was written, false when the request had its answer already.
+-- keeps the admission record as long as the result and forgets the waiters. Included by
+-- finalize.lua and cancel.lua.
+-- Returns the inboxes of the producers waiting for it (push_answers sends the result there),
+-- or false when the request had its answer already.
 local function publish_answer(result_key, record_key, waiters_key, result, ttl_ms)
   if not redis.call('SET', result_key, result, 'NX', 'PX', ttl_ms) then return false end
   redis.call('PEXPIRE', record_key, ttl_ms)
-  for _, inbox in ipairs(redis.call('SMEMBERS', waiters_key)) do
-    redis.call('LPUSH', inbox, result)
-    redis.call('PEXPIRE', inbox, ttl_ms)
+  local inboxes = redis.call('SMEMBERS', waiters_key)
+  if #inboxes > 0 then redis.call('DEL', waiters_key) end
+  return inboxes
+end
+
+-- Pushes published answers to their waiters' inboxes, one LPUSH per inbox for all of its
+-- answers: 'pushes' maps an inbox to {results, ttl_ms}; each inbox lives as long as the
+-- longest-lived answer pushed to it.
+local PUSH_CHUNK = 1000  -- values per LPUSH: Lua's stack holds a few thousand
+local function push_answers(pushes)
+  for inbox, push in pairs(pushes) do
+    local results = push[1]
+    for first = 1, #results, PUSH_CHUNK do
+      redis.call('LPUSH', inbox, unpack(results, first, math.min(first + PUSH_CHUNK - 1, #results)))
+    end
+    redis.call('PEXPIRE', inbox, push[2])
   end
-  redis.call('DEL', waiters_key)
-  return true
+end
+
+-- Adds one published answer to 'pushes' (see push_answers) for each of 'inboxes'.
+local function add_pushes(pushes, inboxes, result, ttl_ms)
+  for _, inbox in ipairs(inboxes) do
+    local push = pushes[inbox]
+    if not push then
+      push = {{}, 0}
+      pushes[inbox] = push
+    end
+    table.insert(push[1], result)
+    if tonumber(ttl_ms) > push[2] then push[2] = tonumber(ttl_ms) end
+  end
 end

@@ -218,20 +218,22 @@ def test_watch_answers_done_pending_or_unknown(
     """A pending request registers the producer's inbox as a waiter (as long as its record);
     an answered one returns the result; an id without a record is unknown."""
     watch = lua.register(store, "watch")
-    (item,) = prepare(core, "a")
-    admit(store, core, [item])
-    call_keys, args = core.watch_call(item.request_id)
-    assert core.read_watch(item.request_id, watch(keys=call_keys, args=args)) is None
-    assert store.smembers(keys.waiters(item.request_id)) == {core.inbox.encode()}
-    assert 0 < store.pttl(keys.waiters(item.request_id)) <= item.record_ttl_ms
-
-    ResultWriter(store, keys, MODEL).finalize([answer(item, entry_of(store, item))])
-    result = core.read_watch(item.request_id, watch(keys=call_keys, args=args))
+    done, pending = prepare(core, "a", "b")
+    admit(store, core, [done, pending])
+    ResultWriter(store, keys, MODEL).finalize([answer(done, entry_of(store, done))])
+    ids = [done.request_id, pending.request_id]
+    call_keys, args = core.watch_call(ids)
+    result, waiting = core.read_watch(ids, watch(keys=call_keys, args=args))
     assert result is not None and result.output == ["out", "a"]
+    assert waiting is None
+    assert store.smembers(keys.waiters(pending.request_id)) == {core.inbox.encode()}
+    assert 0 < store.pttl(keys.waiters(pending.request_id)) <= pending.record_ttl_ms
+    assert not store.exists(keys.waiters(done.request_id))
 
-    call_keys, args = core.watch_call("never")
+    ids = [pending.request_id, "never"]
+    call_keys, args = core.watch_call(ids)
     with pytest.raises(UnknownRequest):
-        core.read_watch("never", watch(keys=call_keys, args=args))
+        core.read_watch(ids, watch(keys=call_keys, args=args))
 
 
 # STREAM_ADMIT
@@ -403,6 +405,37 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     assert store.xlen(keys.stream(MODEL)) == 0
     assert store.xpending(keys.stream(MODEL), CONSUMER_GROUP)["pending"] == 0
     assert stats(store, keys)[stats_fields.COMPLETED] == 1
+
+
+def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A batch's answers go in one call: each written once and counted, each pushed to
+    every inbox that waits for it and to no other, every entry closed; an answer a request
+    already had is a ``duplicate`` beside the batch's new ones."""
+    writer = ResultWriter(store, keys, MODEL)
+    items = queued(store, core, keys, "a", "b", "c")
+    entries = [entry_of(store, item) for item in items]
+    first, second, third = items
+    assert writer.finalize([answer(first, entries[0])]) == ["written"]
+    for item in items:
+        store.sadd(keys.waiters(item.request_id), keys.inbox("p1"))
+    store.sadd(keys.waiters(second.request_id), keys.inbox("p2"))
+
+    answers = [answer(item, entry) for item, entry in zip(items, entries, strict=True)]
+    assert writer.finalize(answers) == ["duplicate", "written", "written"]
+
+    def inbox(producer: str) -> list[Any]:
+        raws = store.lrange(keys.inbox(producer), 0, -1)
+        return sorted(Result.decode(raw).output for raw in raws)
+
+    assert inbox("p1") == [["out", "b"], ["out", "c"]]  # "a" had its answer before p1 waited
+    assert inbox("p2") == [["out", "b"]]
+    assert 0 < store.pttl(keys.inbox("p1")) <= 60_000
+    assert Result.decode(store.get(third.result_key)).output == ["out", "c"]
+    assert store.xlen(keys.stream(MODEL)) == 0
+    assert store.xpending(keys.stream(MODEL), CONSUMER_GROUP)["pending"] == 0
+    assert stats(store, keys)[stats_fields.COMPLETED] == 3
 
 
 def test_count_device_deaths_counts_only_entries_of_gone_devices(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from config import lua, stats_fields
 from config.errors import ConfigError
@@ -88,19 +89,25 @@ class FleetState:
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)
 
-    def batch_started(self, batch_id: str, member: str) -> None:
-        """Records which worker runs the batch, so that its death frees the slot at once."""
-        self._client.hset(self._keys.inflight_owners(self._model), batch_id, member)
+    def batch_started(self, batch_id: str, member: str, pipe: Pipeline | None = None) -> None:
+        """Records which worker runs the batch, so that its death frees the slot at once;
+        with ``pipe``, only queued there, for the caller to send with its own commands."""
+        (pipe if pipe is not None else self._client).hset(
+            self._keys.inflight_owners(self._model), batch_id, member
+        )
 
-    def batch_done(self, batch_id: str, lease_s: float) -> None:
-        """Clears the batch from in-flight and wakes a batcher waiting for a free slot."""
-        pipe = self._client.pipeline(transaction=False)
+    def batch_done(self, batch_id: str, lease_s: float, pipe: Pipeline | None = None) -> None:
+        """Clears the batch from in-flight and wakes a batcher waiting for a free slot; with
+        ``pipe``, only queued there, for the caller to send with its own commands."""
+        sent_here = pipe is None
+        pipe = pipe if pipe is not None else self._client.pipeline(transaction=False)
         pipe.zrem(self._keys.inflight(self._model), batch_id)
         pipe.hdel(self._keys.inflight_owners(self._model), batch_id)
         pipe.lpush(self._keys.slot_free(self._model), batch_id)
         pipe.ltrim(self._keys.slot_free(self._model), 0, SLOT_TOKENS_KEPT - 1)
         pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
-        pipe.execute()
+        if sent_here:
+            pipe.execute()
 
     def wait_for_slot(self, timeout_s: float) -> None:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:

@@ -47,8 +47,10 @@ def make_celery_app(settings: Settings) -> Celery:
         # or solo pool, Celery 5.6 ends the worker instead. There the batch runs on, its answers
         # are written once, and Celery's redelivery finds them already written.
         worker_cancel_long_running_tasks_on_connection_loss=worker.pool == "prefork",
+        # Flower shows each batch from the worker's received, started and succeeded events;
+        # a sent event from the batcher would cost every batch one more publish.
         worker_send_task_events=True,
-        task_send_sent_event=True,
+        task_send_sent_event=False,
         worker_hijack_root_logger=False,
         task_default_queue=keys.celery_queue(next(iter(settings.models))),
         # Events and remote control under the fleet's prefix, as its queues are: fleets that

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from config import lua, stats_fields
 from config.errors import InvalidInput
@@ -22,6 +23,9 @@ from config.schema import ErrorCode, ErrorInfo, Request, Result, cache_entry, ca
 
 DEAD_LETTER_MAXLEN = 10_000
 RECENT_LATENCIES = 2000  # the answers `batchfleet top` computes latency percentiles from
+# Answers per finalize script call: a batch's answers go in one call, a larger set (a backlog
+# expired at once) in calls of this many.
+FINALIZE_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -102,33 +106,38 @@ class ResultWriter:
         self._script = lua.register(client, "finalize")
         self._count_deaths = lua.register(client, "count_device_deaths")
 
-    def finalize(self, answers: Sequence[Answer]) -> list[str]:
-        """Writes each answer answer; returns per item ``written``, ``duplicate`` or ``stale``."""
-        if not answers:
+    def pipeline(self) -> Pipeline:
+        """A pipeline on the writer's client, for commands sent with its own."""
+        return self._client.pipeline(transaction=False)
+
+    def finalize(self, answers: Sequence[Answer], pipe: Pipeline | None = None) -> list[str]:
+        """Writes each answer; returns per item ``written``, ``duplicate`` or ``stale``.
+
+        With ``pipe``, the commands already queued on it go in the same round trip."""
+        if not answers and pipe is None:
             return []
-        pipe = self._client.pipeline(transaction=False)
-        for answer in answers:
-            request_id = answer.result.request_id
-            payload, counted_as = encode_answer(answer.result)
-            self._script(
-                keys=[
+        pipe = pipe if pipe is not None else self.pipeline()
+        first = len(pipe)
+        calls = 0
+        for start in range(0, len(answers), FINALIZE_CHUNK):
+            keys = [
+                self._keys.stream(self._model),
+                self._keys.attempts(self._model),
+                self._keys.stats(self._model),
+            ]
+            args: list[str | int] = [CONSUMER_GROUP]
+            for answer in answers[start : start + FINALIZE_CHUNK]:
+                request_id = answer.result.request_id
+                payload, counted_as = encode_answer(answer.result)
+                keys += [
                     self._keys.result(request_id),
                     self._keys.record(request_id),
                     self._keys.waiters(request_id),
-                    self._keys.stream(self._model),
-                    self._keys.attempts(self._model),
-                    self._keys.stats(self._model),
-                ],
-                args=[
-                    payload,
-                    answer.digest,
-                    int(answer.ttl_s * 1000),
-                    CONSUMER_GROUP,
-                    answer.entry_id,
-                    counted_as,
-                ],
-                client=pipe,
-            )
+                ]
+                args += [payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
+                args.append(counted_as)
+            self._script(keys=keys, args=args, client=pipe)
+            calls += 1
         if self._cache_ttl_ms is not None:
             self._cache_outputs(pipe, answers)
         recent = [
@@ -139,8 +148,12 @@ class ResultWriter:
         if recent:
             pipe.lpush(self._keys.latencies(self._model), *recent)
             pipe.ltrim(self._keys.latencies(self._model), 0, RECENT_LATENCIES - 1)
-        statuses = pipe.execute()[: len(answers)]
-        return [status.decode() if isinstance(status, bytes) else status for status in statuses]
+        replies = pipe.execute()[first : first + calls]
+        return [
+            status.decode() if isinstance(status, bytes) else status
+            for statuses in replies
+            for status in statuses
+        ]
 
     def _cache_outputs(self, pipe: Any, answers: Sequence[Answer]) -> None:
         """Adds each computed output to the model's response cache, tagged with the version
@@ -200,11 +213,16 @@ class ResultWriter:
         return [None if int(count) < 0 else int(count) for count in counts]
 
     def claim_and_check(
-        self, consumer: str, entry_ids: Sequence[str], request_ids: Sequence[str]
+        self,
+        consumer: str,
+        entry_ids: Sequence[str],
+        request_ids: Sequence[str],
+        pipe: Pipeline | None = None,
     ) -> list[bool]:
         """Moves the entries to ``consumer`` (restarting their lease) and says whether each
-        request already has its final answer, in one round trip."""
-        pipe = self._client.pipeline(transaction=False)
+        request already has its final answer, in one round trip (with the commands already
+        queued on ``pipe``, when given)."""
+        pipe = pipe if pipe is not None else self.pipeline()
         if entry_ids:
             pipe.xclaim(
                 self._keys.stream(self._model),
@@ -214,7 +232,9 @@ class ResultWriter:
                 list(entry_ids),
                 justid=True,
             )
-        for request_id in request_ids:
-            pipe.exists(self._keys.result(request_id))
+        if request_ids:
+            pipe.mget([self._keys.result(request_id) for request_id in request_ids])
         replies = pipe.execute()
-        return [bool(found) for found in replies[1 if entry_ids else 0 :]]
+        if not request_ids:
+            return []
+        return [found is not None for found in replies[-1]]

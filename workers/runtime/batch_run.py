@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from config.schema import STREAM_FIELD, Request, Result
+from workers.protocol.capacity import FleetState
 from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
 from workers.protocol.results import Answer, ResultWriter, error_answer, poison_answer
 from workers.runtime.device import Runnable
@@ -26,10 +27,13 @@ class BatchRun:
     batch_id: str
     flush_reason: str | None
     writer: ResultWriter
+    state: FleetState
     ttl_s: float
+    lease_s: float
     answers: list[Answer] = field(default_factory=list)
     late: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
+    finished: bool = False
 
     def read(self, entries: Sequence[Sequence[str]]) -> tuple[list[DecodedEntry], list[str]]:
         """Decodes the task's ``(entry id, raw)`` pairs: the requests, and every entry id;
@@ -100,11 +104,37 @@ class BatchRun:
         """Why the request ran in this batch: the batch's flush reason, or ``late``."""
         return "late" if entry_id in self.late else self.flush_reason
 
+    def start(
+        self,
+        consumer: str,
+        member: str,
+        entry_ids: Sequence[str],
+        decoded: Sequence[DecodedEntry],
+    ) -> list[bool]:
+        """Records the batch as run by ``member``, moves ``entry_ids`` to ``consumer``
+        (restarting their lease: a running batch is never reclaimed while it can still
+        finish) and says which ``decoded`` requests a previous delivery already answered, in
+        one round trip."""
+        pipe = self.writer.pipeline()
+        self.state.batch_started(self.batch_id, member, pipe)
+        request_ids = [request.request_id for _, _, request in decoded]
+        return self.writer.claim_and_check(consumer, entry_ids, request_ids, pipe)
+
     def finish(self, computed: Sequence[Answer]) -> None:
         """Writes the answers ``computed`` by the model with every answer gathered so far
-        (first answer wins), then takes the unreadable entries out of the stream."""
-        self.writer.finalize([*self.answers, *computed])
+        (first answer wins) and frees the batch's slot in one round trip, then takes the
+        unreadable entries out of the stream."""
+        pipe = self.writer.pipeline()
+        self.state.batch_done(self.batch_id, self.lease_s, pipe)
+        self.writer.finalize([*self.answers, *computed], pipe)
+        self.finished = True
         self.writer.drop(self.dropped)
+
+    def release(self) -> None:
+        """Frees the batch's slot unless ``finish`` did (the batch failed): requests it left
+        unanswered stay pending in the stream and are reclaimed after the lease."""
+        if not self.finished:
+            self.state.batch_done(self.batch_id, self.lease_s)
 
 
 def _placeholder(request: Request) -> Result:

@@ -103,6 +103,7 @@ class WorkerMetrics:
         self._busy_s.labels(model).inc(model_s)
         started_at = finished_at - model_s
         written_at = time.time()
+        queue_s, latency_s = self._queue_s.labels(model), self._latency_s.labels(model)
         for request in requests:
-            self._queue_s.labels(model).observe(max(0.0, started_at - request.submitted_at))
-            self._latency_s.labels(model).observe(max(0.0, written_at - request.submitted_at))
+            queue_s.observe(max(0.0, started_at - request.submitted_at))
+            latency_s.observe(max(0.0, written_at - request.submitted_at))

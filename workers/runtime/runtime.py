@@ -123,17 +123,20 @@ class WorkerRuntime:
         of suspects (``isolated``) or one Celery delivers again (its worker may have died on
         one of its inputs) runs one request per model call instead.
         """
-        state = FleetState(self.client, self.keys, task.model)
         policy = self.settings.policy(task.model)
-        writer = ResultWriter(self.client, self.keys, task.model, policy.cache_ttl_s)
-        batch = BatchRun(task.model, task.batch_id, task.flush_reason, writer, policy.result_ttl_s)
+        batch = BatchRun(
+            task.model,
+            task.batch_id,
+            task.flush_reason,
+            writer=ResultWriter(self.client, self.keys, task.model, policy.cache_ttl_s),
+            state=FleetState(self.client, self.keys, task.model),
+            ttl_s=policy.result_ttl_s,
+            lease_s=self.settings.batcher.reclaim_lease_s,
+        )
         try:
-            state.batch_started(task.batch_id, self.member)
             ran = self._run_batch(batch, task.entries, redelivered, policy.tops_up)
         finally:
-            # The slot comes back whatever happened; requests left unanswered by a failure
-            # stay pending in the stream and are reclaimed after the lease.
-            state.batch_done(task.batch_id, self.settings.batcher.reclaim_lease_s)
+            batch.release()  # the slot comes back whatever happened
         return {"batch_id": task.batch_id, "size": len(task.entries), "ran": ran}
 
     def _run_batch(
@@ -148,11 +151,7 @@ class WorkerRuntime:
                 self.consumer, decoded, self.settings.batcher.max_attempts
             )
             entry_ids = [entry_id for entry_id in entry_ids if entry_id not in running]
-        # Restart the lease (a running batch is never reclaimed while it can still finish)
-        # and learn which requests a previous delivery already answered.
-        done = batch.writer.claim_and_check(
-            self.consumer, entry_ids, [request.request_id for _, _, request in decoded]
-        )
+        done = batch.start(self.consumer, self.member, entry_ids, decoded)
         runnable = batch.sort_out(decoded, done)
         version = self.model(batch.model).version
         runs: list[ModelRun] = []
