@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from redis.client import Pipeline
+
 from config import lua
 from config.keys import CONSUMER_GROUP
 from workers.cli.main import main
@@ -22,11 +24,15 @@ script_source = lua.source
 
 
 def ack_on_receipt(
-    self: ResultWriter, consumer: str, entry_ids: Sequence[str], request_ids: Sequence[str]
+    self: ResultWriter,
+    consumer: str,
+    entry_ids: Sequence[str],
+    request_ids: Sequence[str],
+    pipe: Pipeline | None = None,
 ) -> list[bool]:
     if entry_ids:
         self._client.xack(self._keys.stream(self._model), CONSUMER_GROUP, *entry_ids)
-    return claim_and_check(self, consumer, entry_ids, request_ids)
+    return claim_and_check(self, consumer, entry_ids, request_ids, pipe)
 
 
 def overwriting_source(name: str) -> str:

@@ -96,18 +96,15 @@ class FleetState:
             self._keys.inflight_owners(self._model), batch_id, member
         )
 
-    def batch_done(self, batch_id: str, lease_s: float, pipe: Pipeline | None = None) -> None:
-        """Clears the batch from in-flight and wakes a batcher waiting for a free slot; with
-        ``pipe``, only queued there, for the caller to send with its own commands."""
-        sent_here = pipe is None
-        pipe = pipe if pipe is not None else self._client.pipeline(transaction=False)
+    def batch_done(self, batch_id: str, lease_s: float) -> None:
+        """Clears the batch from in-flight and wakes a batcher waiting for a free slot."""
+        pipe = self._client.pipeline(transaction=False)
         pipe.zrem(self._keys.inflight(self._model), batch_id)
         pipe.hdel(self._keys.inflight_owners(self._model), batch_id)
         pipe.lpush(self._keys.slot_free(self._model), batch_id)
         pipe.ltrim(self._keys.slot_free(self._model), 0, SLOT_TOKENS_KEPT - 1)
         pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
-        if sent_here:
-            pipe.execute()
+        pipe.execute()
 
     def wait_for_slot(self, timeout_s: float) -> None:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:

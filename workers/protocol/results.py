@@ -110,14 +110,11 @@ class ResultWriter:
         """A pipeline on the writer's client, for commands sent with its own."""
         return self._client.pipeline(transaction=False)
 
-    def finalize(self, answers: Sequence[Answer], pipe: Pipeline | None = None) -> list[str]:
-        """Writes each answer; returns per item ``written``, ``duplicate`` or ``stale``.
-
-        With ``pipe``, the commands already queued on it go in the same round trip."""
-        if not answers and pipe is None:
+    def finalize(self, answers: Sequence[Answer]) -> list[str]:
+        """Writes each answer; returns per item ``written``, ``duplicate`` or ``stale``."""
+        if not answers:
             return []
-        pipe = pipe if pipe is not None else self.pipeline()
-        first = len(pipe)
+        pipe = self.pipeline()
         calls = 0
         for start in range(0, len(answers), FINALIZE_CHUNK):
             keys = [
@@ -148,7 +145,7 @@ class ResultWriter:
         if recent:
             pipe.lpush(self._keys.latencies(self._model), *recent)
             pipe.ltrim(self._keys.latencies(self._model), 0, RECENT_LATENCIES - 1)
-        replies = pipe.execute()[first : first + calls]
+        replies = pipe.execute()[:calls]
         return [
             status.decode() if isinstance(status, bytes) else status
             for statuses in replies

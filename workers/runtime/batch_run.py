@@ -33,7 +33,7 @@ class BatchRun:
     answers: list[Answer] = field(default_factory=list)
     late: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
-    finished: bool = False
+    slot_freed: bool = False
 
     def read(self, entries: Sequence[Sequence[str]]) -> tuple[list[DecodedEntry], list[str]]:
         """Decodes the task's ``(entry id, raw)`` pairs: the requests, and every entry id;
@@ -122,18 +122,17 @@ class BatchRun:
 
     def finish(self, computed: Sequence[Answer]) -> None:
         """Writes the answers ``computed`` by the model with every answer gathered so far
-        (first answer wins) and frees the batch's slot in one round trip, then takes the
-        unreadable entries out of the stream."""
-        pipe = self.writer.pipeline()
-        self.state.batch_done(self.batch_id, self.lease_s, pipe)
-        self.writer.finalize([*self.answers, *computed], pipe)
-        self.finished = True
+        (first answer wins), then takes the unreadable entries out of the stream."""
+        self.writer.finalize([*self.answers, *computed])
         self.writer.drop(self.dropped)
 
-    def release(self) -> None:
-        """Frees the batch's slot unless ``finish`` did (the batch failed): requests it left
-        unanswered stay pending in the stream and are reclaimed after the lease."""
-        if not self.finished:
+    def free_slot(self) -> None:
+        """Gives the batch's worker slot back, once: when the device is done with the batch,
+        so that the next batch travels to the worker while this one's answers are written,
+        and whatever happened (requests a failure left unanswered stay pending in the
+        stream and are reclaimed after the lease)."""
+        if not self.slot_freed:
+            self.slot_freed = True
             self.state.batch_done(self.batch_id, self.lease_s)
 
 

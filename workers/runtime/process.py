@@ -54,6 +54,14 @@ def require_gpu(index: int) -> None:
         raise ConfigError(f"--gpu {index}: {where}")
 
 
+def pool_size(settings: Settings) -> int:
+    """Celery's concurrency: one process per slot in prefork, none more in solo; the
+    threads pool has one thread beyond the slots, which writes the answers of a batch its
+    device is done with (that batch gave its slot back) while the next batch arrives."""
+    slots = slots_of(settings)
+    return slots + 1 if settings.worker.pool == "threads" else slots
+
+
 def run_worker(
     settings: Settings,
     models: Sequence[str],
@@ -103,7 +111,7 @@ def run_worker(
     worker = app.Worker(
         hostname=hostname,
         pool=pool,
-        concurrency=slots_of(settings),
+        concurrency=pool_size(settings),
         queues=[runtime.keys.celery_queue(model) for model in models],
         loglevel="INFO",
         task_events=True,

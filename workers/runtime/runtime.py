@@ -136,7 +136,7 @@ class WorkerRuntime:
         try:
             ran = self._run_batch(batch, task.entries, redelivered, policy.tops_up)
         finally:
-            batch.release()  # the slot comes back whatever happened
+            batch.free_slot()
         return {"batch_id": task.batch_id, "size": len(task.entries), "ran": ran}
 
     def _run_batch(
@@ -169,6 +169,7 @@ class WorkerRuntime:
         elif runnable or tops_up:
             fill_to = self.batch_cap(batch.model).current() if tops_up else 0
             runs = self._run_on_device(batch, runnable, fill_to)
+            batch.free_slot()
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         batch.finish(answers_of(batch, runs, version, self.hostname))
         self._observe(batch.model, runs)
