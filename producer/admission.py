@@ -223,11 +223,12 @@ class ProducerCore:
         layout ``admit.lua`` names."""
         model = chunk[0].model
         policy = self.policy(model)
+        cached = policy.cache_ttl_s is not None
         keys = [self.keys.stream(model), self.keys.stats(model), self.keys.model_version(model)]
         args: list[str | int] = [
             policy.max_queue_len,
             STREAM_FIELD,
-            "1" if policy.cache_ttl_s is not None else "",
+            "1" if cached else "",
             model,
             stats_fields.ACCEPTED,
             stats_fields.refused(RequestIdConflict.reason),
@@ -238,7 +239,7 @@ class ProducerCore:
         for item in chunk:
             keys += [item.record_key, item.result_key, self.keys.cache(model, item.digest)]
             args += [item.digest, item.encoded, item.record_ttl_ms]
-            args += [cached_result_head(item), item.result_ttl_ms]
+            args += [cached_result_head(item) if cached else "", item.result_ttl_ms]
         return keys, args
 
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:

@@ -27,7 +27,7 @@ from producer.admission import (
     read_inbox,
 )
 from producer.client import LISTEN_BLOCK_S
-from producer.waiters import Waiters
+from producer.waiters import ResultQueue, Waiters
 
 MAX_CONNECTIONS = 32
 
@@ -52,20 +52,19 @@ class AsyncInboxListener:
     def __init__(self, client: aioredis.Redis, inbox: str) -> None:
         self._client = client
         self._inbox = inbox
-        self._waiters: Waiters[asyncio.Future[Result]] = Waiters()
+        self._waiters = Waiters()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
-    def expect(self, request_id: str) -> asyncio.Future[Result]:
-        """A future that the listener resolves when ``request_id``'s result arrives."""
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._waiters.add(request_id, future)
+    def expect(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        """Puts each of ``request_ids``' results in ``queue`` when it arrives (or the error
+        that ends the wait); the listener runs on the caller's loop."""
+        self._waiters.add(request_ids, queue)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="batchfleet-inbox")
-        return future
 
-    def forget(self, request_id: str, future: asyncio.Future[Result]) -> None:
-        self._waiters.remove(request_id, future)
+    def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        self._waiters.remove(request_ids, queue)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -296,36 +295,36 @@ class AsyncProducer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         deadline = monotonic() + timeout_s
-        futures = {request_id: self._listener.expect(request_id) for request_id in request_ids}
+        ids = list(dict.fromkeys(request_ids))
+        arrived: asyncio.Queue[Result | BaseException] = asyncio.Queue()
+        self._listener.expect(ids, arrived)
         try:
-            pending: set[asyncio.Future[Result]] = set()
-            for batch in chunks(list(futures), self._core.settings.submit_chunk):
+            waiting: set[str] = set()
+            for batch in chunks(ids, self._core.settings.submit_chunk):
                 keys, args = self._core.watch_call(batch)
                 with broker_errors():
                     reply = await self._watch(keys=keys, args=args)
                 read = self._core.read_watch(batch, reply)
                 for request_id, result in zip(batch, read, strict=True):
                     if result is None:
-                        pending.add(futures[request_id])
+                        waiting.add(request_id)
                     else:
                         yield result
-            # Each future says when it is done: waiting costs the same per result however
-            # many are pending (waiting on the whole set would cost that set at every wake).
-            completed: asyncio.Queue[asyncio.Future[Result]] = asyncio.Queue()
-            for future in pending:
-                future.add_done_callback(completed.put_nowait)
-            for left in range(len(pending), 0, -1):
+            while waiting:
                 try:
                     async with asyncio.timeout(max(deadline - monotonic(), 0)):
-                        done = await completed.get()
+                        item = await arrived.get()
                 except TimeoutError:
                     raise ResultTimeout(
-                        f"{left} of {len(request_ids)} results did not come in time"
+                        f"{len(waiting)} of {len(ids)} results did not come in time"
                     ) from None
-                yield done.result()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.request_id in waiting:
+                    waiting.discard(item.request_id)
+                    yield item
         finally:
-            for request_id, future in futures.items():
-                self._listener.forget(request_id, future)
+            self._listener.forget(ids, arrived)
 
     async def infer(
         self,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from queue import Empty, SimpleQueue
 from time import monotonic
 from types import TracebackType
@@ -27,7 +26,7 @@ from producer.admission import (
     chunks,
     read_inbox,
 )
-from producer.waiters import Waiters
+from producer.waiters import ResultQueue, Waiters
 
 LISTEN_BLOCK_S = 1
 WAKE_SENTINEL = ""
@@ -39,25 +38,24 @@ class InboxListener:
     def __init__(self, client: redis.Redis, inbox: str) -> None:
         self._client = client
         self._inbox = inbox
-        self._waiters: Waiters[Future[Result]] = Waiters()
+        self._waiters = Waiters()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def expect(self, request_id: str) -> Future[Result]:
-        """A future that the listener resolves when ``request_id``'s result arrives."""
-        future: Future[Result] = Future()
-        self._waiters.add(request_id, future)
+    def expect(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        """Puts each of ``request_ids``' results in ``queue`` when it arrives (or the error
+        that ends the wait)."""
+        self._waiters.add(request_ids, queue)
         with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="batchfleet-inbox", daemon=True
                 )
                 self._thread.start()
-        return future
 
-    def forget(self, request_id: str, future: Future[Result]) -> None:
-        self._waiters.remove(request_id, future)
+    def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        self._waiters.remove(request_ids, queue)
 
     def close(self) -> None:
         self._closed.set()
@@ -338,38 +336,36 @@ class Producer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         deadline = monotonic() + timeout_s
-        futures = {request_id: self._listener.expect(request_id) for request_id in request_ids}
+        ids = list(dict.fromkeys(request_ids))
+        arrived: SimpleQueue[Result | BaseException] = SimpleQueue()
+        self._listener.expect(ids, arrived)
         try:
-            pending = yield from self._already_done(futures)
-            # Each future says when it is done: waiting costs the same per result however
-            # many are pending (waiting on the whole set would cost that set at every wake).
-            completed: SimpleQueue[Future[Result]] = SimpleQueue()
-            for future in pending:
-                future.add_done_callback(completed.put)
-            for left in range(len(pending), 0, -1):
+            waiting = yield from self._already_done(ids)
+            while waiting:
                 try:
-                    future = completed.get(timeout=max(deadline - monotonic(), 0))
+                    item = arrived.get(timeout=max(deadline - monotonic(), 0))
                 except Empty:
                     raise ResultTimeout(
-                        f"{left} of {len(request_ids)} results did not come in time"
+                        f"{len(waiting)} of {len(ids)} results did not come in time"
                     ) from None
-                yield future.result()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.request_id in waiting:
+                    waiting.discard(item.request_id)
+                    yield item
         finally:
-            for request_id, future in futures.items():
-                self._listener.forget(request_id, future)
+            self._listener.forget(ids, arrived)
 
-    def _already_done(
-        self, futures: dict[str, Future[Result]]
-    ) -> Generator[Result, None, dict[Future[Result], str]]:
-        """Yields the results already final; returns the futures still pending."""
-        pending: dict[Future[Result], str] = {}
-        for batch in chunks(list(futures), self._core.settings.submit_chunk):
+    def _already_done(self, request_ids: Sequence[str]) -> Generator[Result, None, set[str]]:
+        """Yields the results already final; returns the ids still pending."""
+        pending: set[str] = set()
+        for batch in chunks(request_ids, self._core.settings.submit_chunk):
             keys, args = self._core.watch_call(batch)
             with broker_errors():
                 reply = self._watch(keys=keys, args=args)
             for request_id, result in zip(batch, self._core.read_watch(batch, reply), strict=True):
                 if result is None:
-                    pending[futures[request_id]] = request_id
+                    pending.add(request_id)
                 else:
                     yield result
         return pending

@@ -28,7 +28,7 @@ local cache_hit_field = ARGV[8]
 local cache_miss_field = ARGV[9]
 -- Then REQUEST_ARGS args per request: its digest, its request JSON, its record's TTL (ms), the
 -- start of its result when answered from the cache (this script appends the model version
--- and the output), its result's TTL (ms).
+-- and the output; '' for a model without a cache), its result's TTL (ms).
 local HEADER_ARGS, REQUEST_ARGS = 9, 5
 local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD, RESULT_TTL_MS = 1, 2, 3, 4, 5
 
