@@ -218,9 +218,28 @@ class ProducerCore:
             min(self.settings.submit_chunk, self.policy(prepared[0].model).max_queue_len),
         )
 
-    def admit_call(self, chunk: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
-        """The keys and args of one admission script call for ``chunk`` (one model), in the
-        layout ``admit.lua`` names."""
+    def one_by_one_groups(self, items: Sequence[Prepared]) -> list[list[int]]:
+        """The single submits of many callers (``items``, any models) in the groups admitted
+        one by one, one call each, by index: one model per group, at most ``submit_chunk``,
+        and an id given twice goes to a later group, whose call sees the earlier one's."""
+        groups: list[list[int]] = []
+        open_groups: dict[str, tuple[list[int], set[str]]] = {}
+        for n, item in enumerate(items):
+            group, ids = open_groups.get(item.model, ([], set()))
+            if not group or item.request_id in ids or len(group) == self.settings.submit_chunk:
+                group, ids = [], set()
+                groups.append(group)
+                open_groups[item.model] = (group, ids)
+            group.append(n)
+            ids.add(item.request_id)
+        return groups
+
+    def admit_call(
+        self, chunk: Sequence[Prepared], one_by_one: bool = False
+    ) -> tuple[list[str], list[str | int]]:
+        """The keys and args of one admission script call for ``chunk`` (one model, distinct
+        ids), in the layout ``admit.lua`` names: admitted all or nothing, or ``one_by_one``
+        (each request on its own, as if submitted alone)."""
         model = chunk[0].model
         policy = self.policy(model)
         cached = policy.cache_ttl_s is not None
@@ -235,6 +254,7 @@ class ProducerCore:
             stats_fields.refused(QueueFull.reason),
             stats_fields.CACHE_HIT,
             stats_fields.CACHE_MISS,
+            "1" if one_by_one else "",
         ]
         for item in chunk:
             keys += [item.record_key, item.result_key, self.keys.cache(model, item.digest)]

@@ -14,7 +14,13 @@ import redis.asyncio as aioredis
 
 from config import lua
 from config.connection import REDIS_RETRY_PAUSE_S, broker_errors
-from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
+from config.errors import (
+    BatchfleetError,
+    BrokerUnavailable,
+    RequestRejected,
+    ResultTimeout,
+    UnknownRequest,
+)
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
@@ -27,6 +33,7 @@ from producer.admission import (
     read_inbox,
 )
 from producer.client import LISTEN_BLOCK_S
+from producer.turn_batches import TurnBatch
 from producer.waiters import ResultQueue, Waiters
 
 MAX_CONNECTIONS = 32
@@ -122,6 +129,11 @@ class AsyncProducer:
         self._listener = AsyncInboxListener(
             listen_client or connect_async(self._core.settings), self._core.inbox
         )
+        # Single submits and waits of many coroutines, one round trip per loop turn.
+        self._admit_one: TurnBatch[Prepared, str | bytes] = TurnBatch(self._admit_one_by_one)
+        self._watch_ids: TurnBatch[Sequence[str], list[Result | None]] = TurnBatch(
+            self._watch_together
+        )
 
     @property
     def producer_id(self) -> str:
@@ -141,12 +153,43 @@ class AsyncProducer:
         (prepared,) = await self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
-        keys, args = self._core.admit_call([prepared])
-        with broker_errors():
-            (reply,) = await self._admit(keys=keys, args=args)
+        reply = await self._admit_one(prepared)
         self._core.check_admission(prepared, reply)
         self._core.submitted([prepared.request_id])
         return prepared.request_id
+
+    async def _admit_one_by_one(self, items: list[Prepared]) -> list[str | bytes]:
+        """The admission statuses of single submits made on one loop turn, each admitted as
+        if alone (``admit.lua`` one by one)."""
+        statuses: list[str | bytes] = [""] * len(items)
+        for group in self._core.one_by_one_groups(items):
+            keys, args = self._core.admit_call([items[n] for n in group], one_by_one=True)
+            with broker_errors():
+                replies = await self._admit(keys=keys, args=args)
+            for n, status in zip(group, replies, strict=True):
+                statuses[n] = status
+        return statuses
+
+    async def _watch_together(
+        self, batches: list[Sequence[str]]
+    ) -> list[list[Result | None] | BaseException]:
+        """For each caller's ids (asked on one loop turn), what ``read_watch`` reads: one
+        watch call for them all, or one per ``submit_chunk`` ids."""
+        ids = [request_id for batch in batches for request_id in batch]
+        reply: list[Any] = []
+        for chunk in chunks(ids, self._core.settings.submit_chunk):
+            keys, args = self._core.watch_call(chunk)
+            with broker_errors():
+                reply += await self._watch(keys=keys, args=args)
+        outcomes: list[list[Result | None] | BaseException] = []
+        start = 0
+        for batch in batches:
+            try:
+                outcomes.append(self._core.read_watch(batch, reply[start : start + len(batch)]))
+            except UnknownRequest as unknown:
+                outcomes.append(unknown)
+            start += len(batch)
+        return outcomes
 
     async def submit_many(
         self,
@@ -301,10 +344,7 @@ class AsyncProducer:
         try:
             waiting: set[str] = set()
             for batch in chunks(ids, self._core.settings.submit_chunk):
-                keys, args = self._core.watch_call(batch)
-                with broker_errors():
-                    reply = await self._watch(keys=keys, args=args)
-                read = self._core.read_watch(batch, reply)
+                read = await self._watch_ids(batch)
                 for request_id, result in zip(batch, read, strict=True):
                     if result is None:
                         waiting.add(request_id)

@@ -1,7 +1,10 @@
 -- Admits a chunk of requests for one model, all or nothing: when one id is reused with another
 -- input, or the queue has no room for every new request, nothing of the chunk is written and
 -- the refused ones say why ('conflict', 'full'; new and cached ones 'withheld', ids already
--- queued with the same input stay 'duplicate'). Otherwise each id is deduplicated by its
+-- queued with the same input stay 'duplicate'). One by one (the single submits of many
+-- callers, sent together), each request stands alone instead: a reused id refuses only
+-- itself, and new requests are taken in order while the queue has room, the rest 'full'.
+-- The ids of one call are distinct. Otherwise each id is deduplicated by its
 -- record, an input the model's response cache holds for its current version is answered at
 -- once without entering the queue ('cached'), and the rest are appended to the stream
 -- ('accepted'). Returns one status per request, in order.
@@ -26,10 +29,11 @@ local id_conflict_field = ARGV[6]
 local queue_full_field = ARGV[7]
 local cache_hit_field = ARGV[8]
 local cache_miss_field = ARGV[9]
+local one_by_one = ARGV[10] == '1'
 -- Then REQUEST_ARGS args per request: its digest, its request JSON, its record's TTL (ms), the
 -- start of its result when answered from the cache (this script appends the model version
 -- and the output; '' for a model without a cache), its result's TTL (ms).
-local HEADER_ARGS, REQUEST_ARGS = 9, 5
+local HEADER_ARGS, REQUEST_ARGS = 10, 5
 local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD, RESULT_TTL_MS = 1, 2, 3, 4, 5
 
 local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * REQUEST_KEYS + which] end
@@ -64,7 +68,16 @@ for n = 1, requests do
 end
 
 local refused = false
-if conflicts > 0 then
+if one_by_one then
+  if conflicts > 0 then redis.call('HINCRBY', stats, id_conflict_field, conflicts) end
+  local room, full = max_queue_len - redis.call('XLEN', stream), 0
+  for n, status in ipairs(statuses) do
+    if status == 'new' then
+      if room > 0 then room = room - 1 else statuses[n] = 'full'; full = full + 1 end
+    end
+  end
+  if full > 0 then redis.call('HINCRBY', stats, queue_full_field, full) end
+elseif conflicts > 0 then
   refused = 'conflict'
   redis.call('HINCRBY', stats, id_conflict_field, conflicts)
 elseif fresh > 0 and redis.call('XLEN', stream) + fresh > max_queue_len then

@@ -4,6 +4,7 @@ run through the call sites the product uses, against both fakeredis and a real r
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -11,13 +12,15 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from config import lua, stats_fields
-from config.errors import UnknownRequest
+from config.errors import QueueFull, RequestIdConflict, UnknownRequest
 from config.keys import CONSUMER_GROUP, STREAM_GROUP, Keys, device_consumer, worker_consumer
 from config.schema import STREAM_FIELD, Request, Result, cache_entry
 from config.settings import ModelPolicy, Settings
 from producer.admission import Prepared, ProducerCore
+from producer.async_client import AsyncProducer
 from producer.client import Producer
 from workers.local.local_redis import LocalRedis
 from workers.protocol.batch_cap import BatchCap
@@ -137,7 +140,7 @@ def test_admit_refuses_a_whole_chunk_with_a_reused_id(
     assert store.get(chunk[1].record_key) is None
     assert stats(store, keys) == {
         stats_fields.ACCEPTED: 1,
-        stats_fields.refused("id_conflict"): 1,
+        stats_fields.refused(RequestIdConflict.reason): 1,
     }
 
 
@@ -149,7 +152,7 @@ def test_admit_refuses_a_chunk_the_queue_has_no_room_for(
     chunk = prepare(core, "a", "c", "d", ids=["r1", "r3", "r4"])
     assert admit(store, core, chunk) == ["duplicate", "full", "full"]
     assert store.xlen(keys.stream(MODEL)) == 2
-    assert stats(store, keys) == {stats_fields.ACCEPTED: 2, stats_fields.refused("queue_full"): 2}
+    assert stats(store, keys) == {stats_fields.ACCEPTED: 2, stats_fields.refused(QueueFull.reason): 2}
 
 
 def cache_one(store: redis.Redis, core: ProducerCore, keys: Keys, version: str) -> Prepared:
@@ -160,6 +163,53 @@ def cache_one(store: redis.Redis, core: ProducerCore, keys: Keys, version: str) 
     writer = ResultWriter(store, keys, MODEL, cache_ttl_s=60)
     assert writer.finalize([answer(item, entry_of(store, item), version)]) == ["written"]
     return item
+
+
+def test_admit_one_by_one_refuses_only_what_it_must(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """One by one, a reused id refuses only itself and new requests are taken in order while
+    the queue has room; the rest are ``full``, and each refusal is counted."""
+    admit(store, core, prepare(core, "x", ids=["taken"]))
+    chunk = prepare(core, "y", "a", "b", "c", ids=["taken", "r-a", "r-b", "r-c"])
+    call_keys, args = core.admit_call(chunk, one_by_one=True)
+    replies = lua.register(store, "admit")(keys=call_keys, args=args)
+    assert [to_text(status) for status in replies] == ["conflict", "accepted", "accepted", "full"]
+    assert store.xlen(keys.stream(MODEL)) == QUEUE_CAP
+    counted = stats(store, keys)
+    assert counted[stats_fields.refused(RequestIdConflict.reason)] == 1
+    assert counted[stats_fields.refused(QueueFull.reason)] == 1
+    assert counted[stats_fields.ACCEPTED] == 3
+
+
+def test_single_submits_made_at_once_are_admitted_each_as_if_alone(
+    redis_server: LocalRedis, settings: Settings, keys: Keys
+) -> None:
+    """An AsyncProducer's concurrent single submits share admission calls, yet each is
+    admitted as if alone: a reused id refuses only its caller, an id submitted twice at once
+    is queued once and both callers get it, and new requests are taken while there is room."""
+
+    async def submit_at_once() -> list[Any]:
+        client, listener = (aioredis.Redis.from_url(redis_server.url) for _ in range(2))
+        async with AsyncProducer(settings, client=client, listen_client=listener) as producer:
+            await producer.submit(MODEL, "x", request_id="taken")
+            return await asyncio.gather(
+                producer.submit(MODEL, "y", request_id="taken"),
+                producer.submit(MODEL, "same", request_id="twice"),
+                producer.submit(MODEL, "same", request_id="twice"),
+                producer.submit(MODEL, "a"),
+                producer.submit(MODEL, "b"),
+                return_exceptions=True,
+            )
+
+    conflict, first, second, fitted, refused = asyncio.run(submit_at_once())
+    assert isinstance(conflict, RequestIdConflict)
+    assert first == second == "twice"
+    assert isinstance(fitted, str)
+    assert isinstance(refused, QueueFull)
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.xlen(keys.stream(MODEL)) == QUEUE_CAP
+    client.close()
 
 
 def test_admit_answers_an_input_cached_by_the_current_version_at_once(
@@ -264,8 +314,8 @@ def test_stream_admit_takes_a_request_only_to_a_lane_a_worker_serves(
     assert store.xlen(lane) == QUEUE_CAP
     assert stats(store, keys) == {
         stats_fields.ACCEPTED: 3,
-        stats_fields.refused("id_conflict"): 1,
-        stats_fields.refused("queue_full"): 1,
+        stats_fields.refused(RequestIdConflict.reason): 1,
+        stats_fields.refused(QueueFull.reason): 1,
     }
 
 
