@@ -152,7 +152,10 @@ def test_admit_refuses_a_chunk_the_queue_has_no_room_for(
     chunk = prepare(core, "a", "c", "d", ids=["r1", "r3", "r4"])
     assert admit(store, core, chunk) == ["duplicate", "full", "full"]
     assert store.xlen(keys.stream(MODEL)) == 2
-    assert stats(store, keys) == {stats_fields.ACCEPTED: 2, stats_fields.refused(QueueFull.reason): 2}
+    assert stats(store, keys) == {
+        stats_fields.ACCEPTED: 2,
+        stats_fields.refused(QueueFull.reason): 2,
+    }
 
 
 def cache_one(store: redis.Redis, core: ProducerCore, keys: Keys, version: str) -> Prepared:
