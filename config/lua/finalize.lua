@@ -1,9 +1,10 @@
 -- Writes the final answers of a batch's requests and closes their stream entries: each answer
 -- is published (first write wins) only while its request's admission record still holds the
 -- same digest, so a late duplicate execution can neither overwrite an answer nor bring back
--- an expired one; written answers are counted in the model's stats and pushed to their
--- waiters, one LPUSH per inbox. Every entry named is acked, deleted and its attempts
--- forgotten whatever its answer's fate.
+-- an expired one; written answers are counted in the model's stats, pushed to their
+-- waiters, one LPUSH per inbox, and their latency samples kept in the model's capped list of
+-- recent ones. Every entry named is acked, deleted and its attempts forgotten whatever its
+-- answer's fate.
 -- Returns one status per answer, in order: 'written', 'duplicate' (the request had its
 -- answer) or 'stale' (the record is gone or holds another input).
 --#include publish_answer.lua
@@ -11,22 +12,24 @@
 local stream = KEYS[1]
 local attempts = KEYS[2]
 local stats = KEYS[3]
+local latencies = KEYS[4]
 -- Then ANSWER_KEYS keys per answer: its result, its admission record, its waiters.
-local HEADER_KEYS, ANSWER_KEYS = 3, 3
+local HEADER_KEYS, ANSWER_KEYS = 4, 3
 local RESULT_KEY, RECORD_KEY, WAITERS_KEY = 1, 2, 3
 
 local group = ARGV[1]
+local recent_kept = tonumber(ARGV[2])  -- latency samples the list keeps
 -- Then ANSWER_ARGS args per answer: the result JSON, the digest ('' writes whatever the
 -- record holds), the result's TTL (ms), the stream entry it closes ('' for none), the stats
--- field counting it.
-local HEADER_ARGS, ANSWER_ARGS = 1, 5
-local RESULT, DIGEST, TTL_MS, ENTRY, ANSWER_FIELD = 1, 2, 3, 4, 5
+-- field counting it, its latency sample ('' for none).
+local HEADER_ARGS, ANSWER_ARGS = 2, 6
+local RESULT, DIGEST, TTL_MS, ENTRY, ANSWER_FIELD, LATENCY = 1, 2, 3, 4, 5, 6
 
 local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * ANSWER_KEYS + which] end
 local function arg(n, which) return ARGV[HEADER_ARGS + (n - 1) * ANSWER_ARGS + which] end
 local answers = (#KEYS - HEADER_KEYS) / ANSWER_KEYS
 
-local statuses, counts, entries, pushes = {}, {}, {}, {}
+local statuses, counts, entries, pushes, samples = {}, {}, {}, {}, {}
 for n = 1, answers do
   local digest = arg(n, DIGEST)
   local record = redis.call('GET', key(n, RECORD_KEY))
@@ -40,6 +43,7 @@ for n = 1, answers do
       statuses[n] = 'written'
       counts[arg(n, ANSWER_FIELD)] = (counts[arg(n, ANSWER_FIELD)] or 0) + 1
       add_pushes(pushes, inboxes, result, ttl_ms)
+      if arg(n, LATENCY) ~= '' then table.insert(samples, arg(n, LATENCY)) end
     else
       statuses[n] = 'duplicate'
     end
@@ -49,11 +53,15 @@ end
 
 push_answers(pushes)
 for field, count in pairs(counts) do redis.call('HINCRBY', stats, field, count) end
-local ENTRY_CHUNK = 1000  -- entries per command: Lua's stack holds a few thousand
-for first = 1, #entries, ENTRY_CHUNK do
-  local last = math.min(first + ENTRY_CHUNK - 1, #entries)
+local CHUNK = 1000  -- values per command: Lua's stack holds a few thousand
+for first = 1, #entries, CHUNK do
+  local last = math.min(first + CHUNK - 1, #entries)
   redis.call('XACK', stream, group, unpack(entries, first, last))
   redis.call('XDEL', stream, unpack(entries, first, last))
   redis.call('HDEL', attempts, unpack(entries, first, last))
 end
+for first = 1, #samples, CHUNK do
+  redis.call('LPUSH', latencies, unpack(samples, first, math.min(first + CHUNK - 1, #samples)))
+end
+if #samples > 0 then redis.call('LTRIM', latencies, 0, recent_kept - 1) end
 return statuses

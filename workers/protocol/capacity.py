@@ -81,10 +81,10 @@ class FleetState:
 
     def dispatched(self, batch_id: str, reason: str) -> None:
         """Records a batch sent (in flight, and counted by flush reason in the stats)."""
-        pipe = self._client.pipeline(transaction=False)
-        self._dispatch(keys=[self._keys.inflight(self._model)], args=[batch_id], client=pipe)
-        pipe.hincrby(self._keys.stats(self._model), stats_fields.batches(reason), 1)
-        pipe.execute()
+        self._dispatch(
+            keys=[self._keys.inflight(self._model), self._keys.stats(self._model)],
+            args=[batch_id, stats_fields.batches(reason)],
+        )
 
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)

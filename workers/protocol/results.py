@@ -93,6 +93,14 @@ def encode_answer(result: Result) -> tuple[str, str]:
     return payload, stats_fields.failed(result.error.code)
 
 
+def latency_sample(result: Result) -> str:
+    """The answer's entry in the model's list of recent latencies (``finished_at:latency``,
+    read by ``batchfleet top``); '' without a submit time."""
+    if result.submitted_at is None:
+        return ""
+    return f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
+
+
 class ResultWriter:
     """Finalizes requests of one model in one round trip per call."""
 
@@ -112,45 +120,31 @@ class ResultWriter:
 
     def finalize(self, answers: Sequence[Answer]) -> list[str]:
         """Writes each answer; returns per item ``written``, ``duplicate`` or ``stale``."""
-        if not answers:
-            return []
-        pipe = self.pipeline()
-        calls = 0
+        statuses = []
         for start in range(0, len(answers), FINALIZE_CHUNK):
             keys = [
                 self._keys.stream(self._model),
                 self._keys.attempts(self._model),
                 self._keys.stats(self._model),
+                self._keys.latencies(self._model),
             ]
-            args: list[str | int] = [CONSUMER_GROUP]
+            args: list[str | int] = [CONSUMER_GROUP, RECENT_LATENCIES]
             for answer in answers[start : start + FINALIZE_CHUNK]:
-                request_id = answer.result.request_id
-                payload, counted_as = encode_answer(answer.result)
+                result = answer.result
+                payload, counted_as = encode_answer(result)
                 keys += [
-                    self._keys.result(request_id),
-                    self._keys.record(request_id),
-                    self._keys.waiters(request_id),
+                    self._keys.result(result.request_id),
+                    self._keys.record(result.request_id),
+                    self._keys.waiters(result.request_id),
                 ]
                 args += [payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
-                args.append(counted_as)
-            self._script(keys=keys, args=args, client=pipe)
-            calls += 1
-        if self._cache_ttl_ms is not None:
+                args += [counted_as, latency_sample(result)]
+            statuses += self._script(keys=keys, args=args)
+        if self._cache_ttl_ms is not None and answers:
+            pipe = self._client.pipeline(transaction=False)
             self._cache_outputs(pipe, answers)
-        recent = [
-            f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
-            for result in (answer.result for answer in answers)
-            if result.submitted_at is not None
-        ]
-        if recent:
-            pipe.lpush(self._keys.latencies(self._model), *recent)
-            pipe.ltrim(self._keys.latencies(self._model), 0, RECENT_LATENCIES - 1)
-        replies = pipe.execute()[:calls]
-        return [
-            status.decode() if isinstance(status, bytes) else status
-            for statuses in replies
-            for status in statuses
-        ]
+            pipe.execute()
+        return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
     def _cache_outputs(self, pipe: Any, answers: Sequence[Answer]) -> None:
         """Adds each computed output to the model's response cache, tagged with the version
