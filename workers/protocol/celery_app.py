@@ -6,6 +6,7 @@ from celery import Celery
 
 from config.keys import Keys
 from config.settings import Settings
+from workers.protocol.broker_transport import register_transport
 
 
 def make_celery_app(settings: Settings) -> Celery:
@@ -15,6 +16,7 @@ def make_celery_app(settings: Settings) -> Celery:
     from the stream after ``batcher.reclaim_lease_s``. The time limits are ordered so that a
     running batch is never redelivered by Celery or reclaimed while it can still finish.
     """
+    register_transport()
     keys = Keys(settings.key_prefix)
     worker = settings.worker
     url = settings.redis_url.get_secret_value()
