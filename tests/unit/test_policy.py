@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from config.schema import Request
 from config.settings import ModelPolicy
 from workers.batcher.policy import DISPATCH_MARGIN_S, Pending, Plan, plan_batch
@@ -67,6 +69,19 @@ def test_no_free_slot_holds_requests_to_gather_a_fuller_batch() -> None:
     plan = plan_batch(items, POLICY, now=11.0, free_slots=0)
     assert plan.batch == ()
     assert plan.wait_s is not None and plan.wait_s > 0
+
+
+def test_a_full_batch_goes_ahead_of_the_busy_slots_and_a_partial_one_waits() -> None:
+    """With every slot busy, a full batch still leaves while there is room ahead (one per
+    live worker), since waiting could not make it fuller; a partial batch, a batch holding a
+    request taken back from a dead process, or one beyond the room waits for a slot."""
+    full = [pending(i, arrived_at=10.0) for i in range(4)]
+    plan = plan_batch(full, LATE_BINDING, now=10.0, free_slots=0, full_ahead=1)
+    assert plan.flush_reason == "size" and len(plan.batch) == 4
+    assert plan_batch(full, LATE_BINDING, now=10.0, free_slots=-1, full_ahead=1).batch == ()
+    assert plan_batch(full[:3], LATE_BINDING, now=10.0, free_slots=0, full_ahead=1).batch == ()
+    suspect = [replace(full[0], attempts=1), *full[1:]]
+    assert plan_batch(suspect, LATE_BINDING, now=10.0, free_slots=0, full_ahead=1).batch == ()
 
 
 def test_requests_past_their_deadline_expire_and_never_join_a_batch() -> None:

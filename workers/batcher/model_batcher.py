@@ -28,7 +28,7 @@ from config.published_policy import encode_policy
 from config.schema import PRIORITY_RANK
 from config.settings import Settings
 from workers.batcher.metrics import batcher_registry
-from workers.batcher.policy import Pending, Plan, plan_batch
+from workers.batcher.policy import FULL_BATCHES_AHEAD, Pending, Plan, plan_batch
 from workers.models.registry import cost_function
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState
@@ -160,6 +160,7 @@ class ModelBatcher:
         policy = self.policy
         if cap < policy.max_batch_size:  # a device ran out of memory at a larger batch
             policy = policy.model_copy(update={"max_batch_size": cap})
+        ahead = capacity.workers * FULL_BATCHES_AHEAD
         plan = plan_batch(
             list(self._pending.values()),
             policy,
@@ -167,6 +168,7 @@ class ModelBatcher:
             free,
             capacity.idle_workers,
             self._model_times.seconds,
+            full_ahead=ahead,
         )
         if plan.expired:
             self._expire(plan.expired)
@@ -181,6 +183,11 @@ class ModelBatcher:
             # formed by cost fill the pool they choose from, and wait for an idle device.
             if self.policy.batcher_chooses:
                 self._take(self._read(count=room, block_s=None))
+            elif free + ahead > 0 and room > 0:
+                # Room for a full batch ahead: fill the pool, and send it if it is full.
+                self._take(self._read(count=room, block_s=None))
+                if len(self._pending) >= policy.max_batch_size:
+                    return plan
             if now >= self._next_backlog_scan:
                 self._next_backlog_scan = now + BACKLOG_SCAN_S
                 self._expire_backlog()

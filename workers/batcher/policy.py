@@ -7,6 +7,9 @@ device is busy requests gather into fuller batches. Rules, in order:
 2. With no free worker slot nothing is sent: requests keep gathering into a fuller batch.
    A request taken back from a process that died holding it rides alone (``isolated``),
    so that an input that kills its process cannot take innocent requests down with it.
+   Except a full batch (``size``, ``budget``): one per live worker may go beyond the slots
+   (``full_ahead``). It could not grow by waiting, and queued in its worker it is there when
+   the device frees, where a fast model would otherwise idle while the next batch travels.
 3. With a free slot, a batch of the oldest requests leaves when ``max_batch_size`` wait
    (``size``) or the next would take it past ``max_batch_cost`` (``budget``), or when some
    worker has no batch at all (``idle``: holding would only idle its device). The oldest
@@ -44,6 +47,8 @@ from config.settings import ModelPolicy
 FlushReason = Literal["size", "budget", "idle", "slot", "wait", "isolated", "deadline"]
 # Time a batch needs between leaving the batcher and starting on its device.
 DISPATCH_MARGIN_S = 0.005
+# Full batches each live worker may hold beyond its slots (rule 2).
+FULL_BATCHES_AHEAD = 1
 
 
 @dataclass(frozen=True)
@@ -82,13 +87,15 @@ def plan_batch(
     free_slots: int,
     idle_workers: int = 0,
     model_s: Callable[[int], float] | None = None,
+    full_ahead: int = 0,
 ) -> Plan:
     """Decides the next batch; ``wait_s`` None means nothing is due until a new event.
 
     Args:
-        free_slots: batches the workers can take now.
+        free_slots: batches the workers can take now (negative: full batches went ahead).
         idle_workers: live workers with no batch at all (their devices are idle).
         model_s: the model time measured for a batch size, for ``deadline_aware`` policies.
+        full_ahead: full batches that may go beyond the free slots (rule 2).
     """
     expired = tuple(item for item in pending if item.deadline_at <= now)
     live = sorted(
@@ -122,6 +129,10 @@ def plan_batch(
             if slack_s <= 0:
                 return Plan(expired, batch, "deadline")
             wait_s = min(wait_s, slack_s)
+    elif free_slots + full_ahead > 0 and not any(item.attempts > 0 for item in live):
+        batch, full = choose(live, policy)
+        if full is not None:
+            return Plan(expired, batch, full)
     return Plan(expired=expired, wait_s=max(wait_s, 0.0))
 
 
