@@ -28,7 +28,7 @@ from config.published_policy import encode_policy
 from config.schema import PRIORITY_RANK
 from config.settings import Settings
 from workers.batcher.metrics import batcher_registry
-from workers.batcher.policy import FULL_BATCHES_AHEAD, Pending, Plan, plan_batch
+from workers.batcher.policy import FULL_BATCHES_AHEAD, FULL_REASONS, Pending, Plan, plan_batch
 from workers.models.registry import cost_function
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState
@@ -100,6 +100,7 @@ class ModelBatcher:
         self._next_reclaim = 0.0
         self._next_backlog_scan = 0.0
         self._backlog_cursor = "0-0"
+        self._sending_full = False
         self.failed = False
 
     def run(self, stop: threading.Event) -> None:
@@ -183,8 +184,10 @@ class ModelBatcher:
             # formed by cost fill the pool they choose from, and wait for an idle device.
             if self.policy.batcher_chooses:
                 self._take(self._read(count=room, block_s=None))
-            elif free + ahead > 0 and room > 0:
-                # Room for a full batch ahead: fill the pool, and send it if it is full.
+            elif free + ahead > 0 and room > 0 and self._sending_full:
+                # Room for a full batch ahead, and the last batch left full (the stream is
+                # deep): fill the pool, and send it if it is full. Otherwise unread requests
+                # stay in the stream for the waiting batches to top themselves up with.
                 self._take(self._read(count=room, block_s=None))
                 if len(self._pending) >= policy.max_batch_size:
                     return plan
@@ -383,6 +386,7 @@ class ModelBatcher:
             raise
         for item in batch:
             self._pending.pop(item.entry_id, None)
+        self._sending_full = reason in FULL_REASONS
         log.debug("model %s: batch %s of %d (%s)", self.model, batch_id, len(batch), reason)
 
 

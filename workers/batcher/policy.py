@@ -45,6 +45,8 @@ from config.schema import Request
 from config.settings import ModelPolicy
 
 FlushReason = Literal["size", "budget", "idle", "slot", "wait", "isolated", "deadline"]
+# A batch sent for these reasons was full: it could not have grown by waiting.
+FULL_REASONS: tuple[FlushReason, ...] = ("size", "budget")
 # Time a batch needs between leaving the batcher and starting on its device.
 DISPATCH_MARGIN_S = 0.005
 # Full batches each live worker may hold beyond its slots (rule 2).
