@@ -88,7 +88,7 @@ class BatcherSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    reclaim_lease_s: float = Field(45.0, gt=0)
+    reclaim_lease_s: float = Field(55.0, gt=0)
     batches_per_worker_slot: int = Field(1, ge=1)
     # A request whose process died this many times while running it (a segfault, OOM, CUDA
     # abort on that input) is answered poison and moved to the dead-letter stream instead of
@@ -110,7 +110,7 @@ class WorkerSettings(BaseModel):
     concurrency: int = Field(2, ge=1)
     soft_time_limit_s: float = Field(10.0, gt=0)
     time_limit_s: float = Field(15.0, gt=0)
-    visibility_timeout_s: float = Field(40.0, gt=0)
+    visibility_timeout_s: float = Field(50.0, gt=0)
     heartbeat_s: float = Field(1.0, gt=0)
     # A batch of more than one input starts only with this much GPU memory free (NVML's view,
     # read every heartbeat); below it, the batch runs in halves. 0: no gate. NVML counts
@@ -124,6 +124,19 @@ class WorkerSettings(BaseModel):
     def heartbeat_ttl_s(self) -> float:
         """How long a worker counts as alive after its last heartbeat."""
         return HEARTBEAT_TTL_BEATS * self.heartbeat_s
+
+    @property
+    def slots(self) -> int:
+        """How many batches one worker process runs or holds ready at once."""
+        return 1 if self.pool == "solo" else self.concurrency
+
+    @property
+    def celery_concurrency(self) -> int:
+        """Celery's concurrency, and so how many batches a worker process reserves at once:
+        one per slot, and in the threads pool one thread more, which writes the answers of a
+        batch its device is done with (that batch gave its slot back) while the next batch
+        arrives, or takes the full batch a batcher may send beyond the slots."""
+        return self.slots + 1 if self.pool == "threads" else self.slots
 
 
 class AlertSettings(BaseModel):
@@ -173,7 +186,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_time_limits(self) -> Settings:
         """Soft < hard time limit < Celery visibility timeout < stream reclaim lease, and a
-        batch that waits for every other slot still finishes within the visibility timeout."""
+        batch that waits for every other batch its worker reserved still finishes within the
+        visibility timeout."""
         limits = [
             ("worker.soft_time_limit_s", self.worker.soft_time_limit_s),
             ("worker.time_limit_s", self.worker.time_limit_s),
@@ -183,12 +197,12 @@ class Settings(BaseSettings):
         for (low_name, low), (high_name, high) in itertools.pairwise(limits):
             if not low < high:
                 raise ValueError(f"{low_name} ({low}) must be below {high_name} ({high})")
-        # A reserved batch may wait for the other slots' batches before its own run.
-        slots = 1 if self.worker.pool == "solo" else self.worker.concurrency
-        if not slots * self.worker.time_limit_s < self.worker.visibility_timeout_s:
+        # A reserved batch may wait for every other reserved batch before its own run.
+        reserved = self.worker.celery_concurrency
+        if not reserved * self.worker.time_limit_s < self.worker.visibility_timeout_s:
             raise ValueError(
-                f"{slots} slots x worker.time_limit_s ({self.worker.time_limit_s}) must be below "
-                f"worker.visibility_timeout_s ({self.worker.visibility_timeout_s})"
+                f"{reserved} reserved batches x worker.time_limit_s ({self.worker.time_limit_s})"
+                f" must be below worker.visibility_timeout_s ({self.worker.visibility_timeout_s})"
             )
         if not self.worker.heartbeat_ttl_s < self.worker.visibility_timeout_s:
             raise ValueError(

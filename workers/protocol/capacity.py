@@ -17,7 +17,6 @@ from redis.client import Pipeline
 from config import lua, stats_fields
 from config.errors import ConfigError
 from config.keys import Keys
-from config.settings import Settings
 
 # A batcher needs one token to wake; a few more cover several batchers per model.
 SLOT_TOKENS_KEPT = 8
@@ -185,6 +184,3 @@ def claim_gpu(
     )
 
 
-def slots_of(settings: Settings) -> int:
-    """How many batches one worker process runs or holds ready at once."""
-    return 1 if settings.worker.pool == "solo" else settings.worker.concurrency

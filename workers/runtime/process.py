@@ -18,7 +18,7 @@ from config.connection import connect
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.protocol.capacity import GpuClaim, claim_gpu, slots_of
+from workers.protocol.capacity import GpuClaim, claim_gpu
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.runtime.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
@@ -52,14 +52,6 @@ def require_gpu(index: int) -> None:
             else f"this machine has {found} GPU(s), numbered 0 to {found - 1}"
         )
         raise ConfigError(f"--gpu {index}: {where}")
-
-
-def pool_size(settings: Settings) -> int:
-    """Celery's concurrency: one process per slot in prefork, none more in solo; the
-    threads pool has one thread beyond the slots, which writes the answers of a batch its
-    device is done with (that batch gave its slot back) while the next batch arrives."""
-    slots = slots_of(settings)
-    return slots + 1 if settings.worker.pool == "threads" else slots
 
 
 def run_worker(
@@ -111,7 +103,7 @@ def run_worker(
     worker = app.Worker(
         hostname=hostname,
         pool=pool,
-        concurrency=pool_size(settings),
+        concurrency=settings.worker.celery_concurrency,
         queues=[runtime.keys.celery_queue(model) for model in models],
         loglevel="INFO",
         task_events=True,

@@ -19,7 +19,7 @@ from config.settings import Settings
 from workers.models.base import Model
 from workers.models.registry import build_model
 from workers.protocol.batch_cap import BatchCap
-from workers.protocol.capacity import FleetState, GpuClaim, slots_of, worker_member
+from workers.protocol.capacity import FleetState, GpuClaim, worker_member
 from workers.protocol.model_times import MeasuredModelTimes
 from workers.protocol.results import ResultWriter
 from workers.runtime.alerts import WorkerAlerts
@@ -61,7 +61,7 @@ class WorkerRuntime:
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
         self.consumer = worker_consumer(hostname)
-        self.member = worker_member(hostname, slots_of(settings))
+        self.member = worker_member(hostname, settings.worker.slots)
         self.device = Device(settings, self.client, self.gpu, self._new_device_consumer())
         self._models: dict[str, Model] = {}
         self._caps: dict[str, BatchCap] = {}
