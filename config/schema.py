@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -70,6 +71,19 @@ def canonical_json(value: Any) -> str:
     if encoded.count("[") + encoded.count("{") > MAX_NESTING and nesting_depth(value) > MAX_NESTING:
         raise InvalidInput(f"value nests deeper than {MAX_NESTING} levels")
     return encoded
+
+
+def check_json(value: Any) -> None:
+    """Checks that ``value`` travels as JSON, as ``canonical_json`` would, without encoding
+    the most common model output, a flat list of finite floats (an embedding), whose
+    encoding by ``json`` costs ~0.4 µs a number; anything else is encoded to check it.
+
+    Raises:
+        InvalidInput: as ``canonical_json``.
+    """
+    if type(value) is list and set(map(type, value)) <= {float} and math.isfinite(sum(value)):
+        return
+    canonical_json(value)
 
 
 def input_digest(model: str, input_json: str) -> str:

@@ -11,6 +11,7 @@ from config.schema import (
     Result,
     cache_entry,
     canonical_json,
+    check_json,
     encode_request,
     input_digest,
 )
@@ -63,6 +64,35 @@ def test_canonical_json_sorts_keys_and_refuses_what_json_cannot_carry() -> None:
     for bad in ({1, 2}, b"bytes", float("nan"), object()):
         with pytest.raises(InvalidInput):
             canonical_json(bad)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [0.25, -1.5, 3e-7],
+        [],
+        [1e308, 1e308],  # finite numbers whose sum is not: checked the long way, still JSON
+        [1, 2.0],
+        {"label": "cat", "score": 0.9},
+        [float("nan"), 1.0],
+        [1.0, float("inf")],
+        [1.0, {2.0}],
+        {1, 2},
+        [b"bytes"],
+        [True, 1.0],
+        "\ud800",
+    ],
+)
+def test_check_json_accepts_and_refuses_what_canonical_json_does(value: object) -> None:
+    """The fast check of model outputs (a flat list of floats is not encoded) agrees with
+    encoding them."""
+    try:
+        canonical_json(value)
+    except InvalidInput:
+        with pytest.raises(InvalidInput):
+            check_json(value)
+    else:
+        check_json(value)
 
 
 def test_result_unwrap_raises_the_error_for_its_code() -> None:

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from config.errors import InvalidInput
-from config.schema import ErrorCode, Result, canonical_json
+from config.schema import ErrorCode, Result, check_json
 from workers.models.base import ItemError
 from workers.protocol.results import Answer, error_answer
 from workers.runtime.batch_run import BatchRun
@@ -56,7 +56,7 @@ def _output_error(output: Any, run_error: str | None) -> tuple[ErrorCode, str] |
         code = output.code if output.code in ("invalid_input", "model_error") else "model_error"
         return code, str(output.message)
     try:
-        canonical_json(output)
+        check_json(output)
     except InvalidInput as exc:
         return "model_error", f"output is not JSON: {exc}"
     return None
