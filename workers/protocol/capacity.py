@@ -182,5 +182,3 @@ def claim_gpu(
         if gpu_uuids
         else "--gpu auto: NVML finds no GPU on this machine"
     )
-
-
