@@ -120,6 +120,12 @@ class ResultWriter:
 
     def finalize(self, answers: Sequence[Answer]) -> list[str]:
         """Writes each answer; returns per item ``written``, ``duplicate`` or ``stale``."""
+        if self._cache_ttl_ms is not None and answers:
+            # Cached before the answers are published: a caller who sends the same input
+            # again the moment its answer arrives finds it in the cache.
+            pipe = self._client.pipeline(transaction=False)
+            self._cache_outputs(pipe, answers)
+            pipe.execute()
         statuses = []
         for start in range(0, len(answers), FINALIZE_CHUNK):
             keys = [
@@ -140,10 +146,6 @@ class ResultWriter:
                 args += [payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
                 args += [counted_as, latency_sample(result)]
             statuses += self._script(keys=keys, args=args)
-        if self._cache_ttl_ms is not None and answers:
-            pipe = self._client.pipeline(transaction=False)
-            self._cache_outputs(pipe, answers)
-            pipe.execute()
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
     def _cache_outputs(self, pipe: Any, answers: Sequence[Answer]) -> None:
