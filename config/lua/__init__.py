@@ -7,7 +7,8 @@ through ARGV (``config.stats_fields``).
 
 A line ``--#include NAME.lua`` is replaced by that file's text when the script is loaded
 (``publish_answer.lua``, shared by ``finalize`` and ``cancel``, and ``server_now.lua``, by
-the scripts that score by Redis server time, are included that way).
+the scripts that use Redis server time, are included that way; an included file may include
+another).
 """
 
 from __future__ import annotations

@@ -460,6 +460,29 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     assert stats(store, keys)[stats_fields.COMPLETED] == 1
 
 
+def test_an_answer_and_its_record_expire_at_the_same_moment(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A record that outlived its result even by a millisecond would make a caller who asks
+    then wait for an answer that never comes instead of hearing the request is unknown. A
+    batch of 2,000 answers takes several milliseconds to write, so expiries computed one by
+    one would fall on different milliseconds."""
+    items = prepare(core, *range(2000))
+    for item in items:
+        store.set(item.record_key, f"{item.digest}:0-1")
+    writer = ResultWriter(store, keys, MODEL)
+    assert set(writer.finalize([answer(item, "") for item in items])) == {"written"}
+    with store.pipeline(transaction=False) as pipe:
+        for item in items:
+            pipe.pexpiretime(item.result_key).pexpiretime(item.record_key)
+        try:
+            expiries = pipe.execute()
+        except redis.ResponseError:
+            pytest.skip("this Redis has no PEXPIRETIME (Redis 7 has)")
+    assert expiries[0::2] == expiries[1::2]
+    assert min(expiries) > 0
+
+
 def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:
