@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+from redis.retry import Retry
 
 from config.errors import BrokerUnavailable, RedisAccessDenied, UnsupportedRedis
 from config.settings import Settings
@@ -22,14 +23,25 @@ MIN_REDIS_VERSION = (6, 2)
 REDIS_RETRY_PAUSE_S = 0.5
 
 
-def connect(settings: Settings) -> redis.Redis:
-    """A redis-py client for ``settings``, with bounded socket timeouts."""
+def connect(settings: Settings, *, retry: Retry | None = None) -> redis.Redis:
+    """A redis-py client for ``settings``, with bounded socket timeouts. ``retry`` replaces
+    redis-py's own (ten tries with backoff on a connection or timeout error): a caller that
+    retries against a deadline of its own passes ``Retry(NoBackoff(), 0)``."""
     return redis.Redis.from_url(
         settings.redis_url.get_secret_value(),
         socket_timeout=settings.redis_socket_timeout_s,
         socket_connect_timeout=settings.redis_socket_timeout_s,
         health_check_interval=30,
+        **({} if retry is None else {"retry": retry}),
     )
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a redis-py error means Redis cannot serve us for now (a refused or dropped
+    connection, a timeout, a server still loading its data, a replica refusing writes during a
+    failover): trying again later may work. Refused credentials are no outage."""
+    transient = redis.ConnectionError | redis.TimeoutError | redis.exceptions.ReadOnlyError
+    return isinstance(exc, transient) and not isinstance(exc, redis.AuthenticationError)
 
 
 @contextmanager
@@ -42,8 +54,10 @@ def broker_errors() -> Iterator[None]:
         raise RedisAccessDenied(f"Redis authentication failed: {exc}") from exc
     except redis.exceptions.NoPermissionError as exc:
         raise RedisAccessDenied(f"Redis refused this user a command: {exc}") from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BrokerUnavailable(f"Redis is unavailable: {exc}") from exc
+    except redis.RedisError as exc:
+        if is_outage(exc):
+            raise BrokerUnavailable(f"Redis is unavailable: {exc}") from exc
+        raise
 
 
 def parse_version(text: str) -> tuple[int, ...]:

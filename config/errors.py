@@ -49,7 +49,12 @@ class WireFormatError(BatchfleetError):
 
 
 class BrokerUnavailable(BatchfleetError):
-    """Raised when Redis cannot be reached or stops answering."""
+    """Raised when Redis cannot be reached or stops answering. From ``submit_many``,
+    ``accepted_ids`` lists what earlier chunks enqueued before Redis went away."""
+
+    def __init__(self, message: str, accepted_ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.accepted_ids = accepted_ids or []
 
 
 class RedisAccessDenied(BatchfleetError):
@@ -159,7 +164,12 @@ class RequestCancelled(RequestFailed):
 
 
 class ResultTimeout(BatchfleetError):
-    """Raised when a caller's wait ends before the request's final answer; it may still come."""
+    """Raised when a caller's wait ends before the request's final answer; it may still come.
+    ``pending_ids`` names the requests still unanswered: each stays valid to ask for again."""
+
+    def __init__(self, message: str, pending_ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.pending_ids = pending_ids or []
 
 
 class UnknownRequest(BatchfleetError):

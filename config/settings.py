@@ -172,6 +172,10 @@ class Settings(BaseSettings):
     # Requests ``submit_many`` admits per round trip: the first batch can start while the
     # rest are still being written (also capped by the model's max_queue_len).
     submit_chunk: int = Field(256, ge=1)
+    # How long ``submit`` and ``submit_many`` keep trying one admission while Redis cannot be
+    # reached (a stall, a restart, a failover) before they raise ``BrokerUnavailable``; 0 fails
+    # at the first error. A retried admission never enqueues twice (idempotent by id and input).
+    submit_retry_s: float = Field(10.0, ge=0)
     key_prefix: str = Field("bf", pattern=r"^[A-Za-z0-9_.-]+$")
     # Where ``--metrics-port`` serves /metrics: loopback unless told (0.0.0.0 in a container).
     metrics_host: str = "127.0.0.1"

@@ -426,6 +426,11 @@ class ProducerCore:
         """How long a wait lasts when the caller does not say: the longest request lifetime."""
         return max(policy.request_timeout_s for policy in self.fleet.models.values()) + 5.0
 
+    def submit_deadline(self) -> float:
+        """Until when (``time.monotonic``) an admission starting now is tried while Redis
+        cannot be reached."""
+        return time.monotonic() + self.settings.submit_retry_s
+
 
 class StreamReader:
     """The caller's side of one stream, free of I/O: what to read next, and what a read
@@ -439,7 +444,8 @@ class StreamReader:
         self.last: Any = "0-0"
         self.finished = False
         self._deadline_at = deadline_at
-        self._last_chunk_at: float | None = None
+        # When the stream last showed life: its latest chunk, or Redis back after an outage.
+        self._alive_at: float | None = None
 
     def block_ms(self) -> int:
         """How long the next read may block.
@@ -448,14 +454,20 @@ class StreamReader:
             ResultTimeout: the first chunk did not come by the deadline (plus a grace), or a
                 later one not within ``STREAM_STALL_S`` of the one before.
         """
-        if self._last_chunk_at is None:
+        if self._alive_at is None:
             gives_up_at = self._deadline_at + STREAM_GRACE_S
         else:
-            gives_up_at = self._last_chunk_at + STREAM_STALL_S
+            gives_up_at = self._alive_at + STREAM_STALL_S
         left_s = gives_up_at - time.time()
         if left_s <= 0:
             raise ResultTimeout(f"request {self.request_id}: the stream stalled")
         return max(1, int(min(left_s, 1.0) * 1000))
+
+    def reconnected(self) -> None:
+        """Redis is back after an outage, during which no chunk could come: once the stream
+        has started, the next chunk gets ``STREAM_STALL_S`` from now."""
+        if self._alive_at is not None:
+            self._alive_at = time.time()
 
     def chunks(self, reply: Any) -> list[dict[str, Any]]:
         """The chunks of an XREAD reply, in order.
@@ -466,7 +478,7 @@ class StreamReader:
         chunks = []
         for _, entries in reply or []:
             for entry_id, fields in entries:
-                self.last, self._last_chunk_at = entry_id, time.time()
+                self.last, self._alive_at = entry_id, time.time()
                 chunk = decode_chunk(fields)
                 if chunk.get("final"):
                     self.finished = True

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Iterable, Sequence
+from functools import partial
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -13,10 +15,11 @@ import redis
 import redis.asyncio as aioredis
 
 from config import lua
-from config.connection import REDIS_RETRY_PAUSE_S, broker_errors
+from config.connection import broker_errors, is_outage
 from config.errors import (
     BatchfleetError,
     BrokerUnavailable,
+    RedisAccessDenied,
     RequestRejected,
     ResultTimeout,
     UnknownRequest,
@@ -33,15 +36,17 @@ from producer.admission import (
     read_inbox,
 )
 from producer.client import LISTEN_BLOCK_S
+from producer.outages import Patience, call_until_async, single_try_async
 from producer.turn_batches import TurnBatch
-from producer.waiters import ResultQueue, Waiters
+from producer.waiters import Arrival, Reconnected, ResultQueue, ResultWait, Waiters
 
 MAX_CONNECTIONS = 32
 
 
 def connect_async(settings: Settings) -> aioredis.Redis:
-    """An asyncio redis-py client for ``settings``: bounded socket timeouts, and at most
-    32 connections, for which concurrent calls queue instead of failing."""
+    """An asyncio redis-py client for ``settings``: bounded socket timeouts, at most 32
+    connections, for which concurrent calls queue instead of failing, and no retries of its
+    own (the producer retries by deadline)."""
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url.get_secret_value(),
         max_connections=MAX_CONNECTIONS,
@@ -49,6 +54,7 @@ def connect_async(settings: Settings) -> aioredis.Redis:
         socket_timeout=settings.redis_socket_timeout_s,
         socket_connect_timeout=settings.redis_socket_timeout_s,
         health_check_interval=30,
+        retry=single_try_async(),
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -82,24 +88,29 @@ class AsyncInboxListener:
         await self._client.aclose()
 
     async def _run(self) -> None:
+        away: Patience | None = None  # set while Redis cannot be reached
         while not self._closed:
+            popped: list[Any] = []
             try:
+                if away is not None:
+                    await self._client.ping()
+                    away = None
+                    self._waiters.reconnected()
                 item = await self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
+                if item is None:
+                    continue
+                # As ``InboxListener``: the rest in one more round trip; results a lost reply
+                # popped are read where they are stored once Redis is back.
+                popped.append(item[1])
+                popped += await self._client.lpop(self._inbox, INBOX_DRAIN) or []
             except redis.RedisError as exc:
-                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
-                await asyncio.sleep(REDIS_RETRY_PAUSE_S)
+                self._waiters.deliver(read_inbox(popped))
+                if not is_outage(exc):
+                    self._waiters.fail_all(RedisAccessDenied(f"Redis refused the inbox: {exc}"))
+                away = away or Patience(deadline=math.inf)
+                await asyncio.sleep(away.next_pause_s() or 0)
                 continue
-            if item is None:
-                continue
-            try:  # a batch finalizes many results at once: take them in one more round trip
-                rest = await self._client.lpop(self._inbox, INBOX_DRAIN) or []
-            except redis.RedisError as exc:
-                # Redis may have popped results this reply lost: their waiters must not wait
-                # in vain. They get a typed error; asking again finds the stored results.
-                self._waiters.deliver(read_inbox([item[1]]))
-                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
-                continue
-            self._waiters.deliver(read_inbox([item[1], *rest]))
+            self._waiters.deliver(read_inbox(popped))
 
 
 class AsyncProducer:
@@ -153,7 +164,9 @@ class AsyncProducer:
         (prepared,) = await self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
-        reply = await self._admit_one(prepared)
+        reply = await call_until_async(
+            self._core.submit_deadline(), partial(self._admit_one, prepared)
+        )
         self._core.check_admission(prepared, reply)
         self._core.submitted([prepared.request_id])
         return prepared.request_id
@@ -207,11 +220,11 @@ class AsyncProducer:
         accepted: list[str] = []
         for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
-            with broker_errors():
-                replies = await self._admit(keys=keys, args=args)
+            admit = partial(self._admit, keys, args)
             try:
+                replies = await call_until_async(self._core.submit_deadline(), admit)
                 ids = self._core.check_chunk(chunk, replies)
-            except RequestRejected as refusal:
+            except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
                 raise
             self._core.submitted(ids)
@@ -219,10 +232,11 @@ class AsyncProducer:
         return accepted
 
     async def _follow_fleet(self) -> None:
-        """Reads the fleet's model policies when they are due (every few seconds)."""
+        """Reads the fleet's model policies when they are due (every few seconds), trying for
+        ``submit_retry_s`` while Redis cannot be reached."""
         if self._core.fleet.due(monotonic()):
-            with broker_errors():
-                published = await self._client.hgetall(self._core.keys.policies())
+            read = partial(self._client.hgetall, self._core.keys.policies())
+            published = await call_until_async(self._core.submit_deadline(), read)
             self._core.fleet.adopt(published, monotonic())
 
     async def policy(self, model: str) -> ModelPolicy:
@@ -292,19 +306,28 @@ class AsyncProducer:
         ids = None if request_id is None else [request_id]
         (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.stream_call(prepared)
-        with broker_errors():
-            admitted = await self._stream_admit(keys=keys, args=args)
+        admit = partial(self._stream_admit, keys, args)
+        admitted = await call_until_async(self._core.submit_deadline(), admit)
         self._core.check_admission(prepared, admitted)
         request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
         reader = StreamReader(self._core.keys, request_id, deadline_at)
+        away: Patience | None = None  # set while Redis cannot be reached
         try:
             while not reader.finished:
                 block_ms = reader.block_ms()
-                with broker_errors():
-                    streams: dict[Any, Any] = {reader.key: reader.last}
-                    reply = await self._client.xread(streams, count=100, block=block_ms)
-                    # Nothing came: answered without a last chunk for us (cancelled)?
-                    raw = None if reply else await self._client.get(reader.result_key)
+                try:
+                    with broker_errors():
+                        streams: dict[Any, Any] = {reader.key: reader.last}
+                        reply = await self._client.xread(streams, count=100, block=block_ms)
+                        # Nothing came: answered without a last chunk for us (cancelled)?
+                        raw = None if reply else await self._client.get(reader.result_key)
+                except BrokerUnavailable:
+                    away = away or Patience(deadline=math.inf)
+                    await asyncio.sleep(away.next_pause_s() or 0)
+                    continue
+                if away is not None:
+                    away = None
+                    reader.reconnected()
                 for chunk in reader.chunks(reply):
                     yield chunk
                 ended = reader.ended(raw)
@@ -337,34 +360,39 @@ class AsyncProducer:
     ) -> AsyncIterator[Result]:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
-        deadline = monotonic() + timeout_s
-        ids = list(dict.fromkeys(request_ids))
-        arrived: asyncio.Queue[Result | BaseException] = asyncio.Queue()
-        self._listener.expect(ids, arrived)
+        wait = ResultWait(request_ids, timeout_s)
+        arrived: asyncio.Queue[Arrival] = asyncio.Queue()
+        self._listener.expect(wait.ids, arrived)
         try:
-            waiting: set[str] = set()
-            for batch in chunks(ids, self._core.settings.submit_chunk):
-                read = await self._watch_ids(batch)
-                for request_id, result in zip(batch, read, strict=True):
-                    if result is None:
-                        waiting.add(request_id)
-                    else:
-                        yield result
-            while waiting:
+            async for result in self._stored(wait):
+                yield result
+            while wait.waiting:
                 try:
-                    async with asyncio.timeout(max(deadline - monotonic(), 0)):
+                    async with asyncio.timeout(wait.left_s()):
                         item = await arrived.get()
                 except TimeoutError:
-                    raise ResultTimeout(
-                        f"{len(waiting)} of {len(ids)} results did not come in time"
-                    ) from None
-                if isinstance(item, BaseException):
+                    raise wait.timed_out() from None
+                if isinstance(item, Reconnected):
+                    async for result in self._stored(wait):
+                        yield result
+                elif isinstance(item, BaseException):
                     raise item
-                if item.request_id in waiting:
-                    waiting.discard(item.request_id)
+                elif wait.take(item):
                     yield item
         finally:
-            self._listener.forget(ids, arrived)
+            self._listener.forget(wait.ids, arrived)
+
+    async def _stored(self, wait: ResultWait) -> AsyncIterator[Result]:
+        """Yields the stored results of the ids ``wait`` still waits for; see
+        ``Producer._stored``. Waits of one loop turn share their watch calls."""
+        for batch in chunks(wait.still_waiting(), self._core.settings.submit_chunk):
+            try:
+                read = await call_until_async(wait.deadline, partial(self._watch_ids, batch))
+            except BrokerUnavailable as outage:
+                raise wait.timed_out(outage) from outage
+            for result in read:
+                if result is not None and wait.take(result):
+                    yield result
 
     async def infer(
         self,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
-from collections.abc import Generator, Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from queue import Empty, SimpleQueue
 from time import monotonic
 from types import TracebackType
@@ -13,8 +16,14 @@ from typing import Any
 import redis
 
 from config import lua
-from config.connection import REDIS_RETRY_PAUSE_S, broker_errors, connect
-from config.errors import BatchfleetError, BrokerUnavailable, RequestRejected, ResultTimeout
+from config.connection import broker_errors, connect, is_outage
+from config.errors import (
+    BatchfleetError,
+    BrokerUnavailable,
+    RedisAccessDenied,
+    RequestRejected,
+    ResultTimeout,
+)
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
@@ -26,7 +35,8 @@ from producer.admission import (
     chunks,
     read_inbox,
 )
-from producer.waiters import ResultQueue, Waiters
+from producer.outages import Patience, call_until, single_try
+from producer.waiters import Arrival, Reconnected, ResultQueue, ResultWait, Waiters
 
 LISTEN_BLOCK_S = 1
 WAKE_SENTINEL = ""
@@ -67,24 +77,30 @@ class InboxListener:
         self._client.close()
 
     def _run(self) -> None:
+        away: Patience | None = None  # set while Redis cannot be reached
         while not self._closed.is_set():
+            popped: list[Any] = []
             try:
+                if away is not None:
+                    self._client.ping()
+                    away = None
+                    self._waiters.reconnected()
                 item = self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
+                if item is None:
+                    continue
+                # A batch finalizes many results at once: take them in one more round trip.
+                # A reply lost on the way loses the results it popped: once back, the
+                # waiters read them where they are stored.
+                popped.append(item[1])
+                popped += self._client.lpop(self._inbox, INBOX_DRAIN) or []
             except redis.RedisError as exc:
-                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
-                self._closed.wait(REDIS_RETRY_PAUSE_S)
+                self._waiters.deliver(read_inbox(popped))
+                if not is_outage(exc):
+                    self._waiters.fail_all(RedisAccessDenied(f"Redis refused the inbox: {exc}"))
+                away = away or Patience(deadline=math.inf)
+                self._closed.wait(away.next_pause_s() or 0)
                 continue
-            if item is None:
-                continue
-            try:  # a batch finalizes many results at once: take them in one more round trip
-                rest = self._client.lpop(self._inbox, INBOX_DRAIN) or []
-            except redis.RedisError as exc:
-                # Redis may have popped results this reply lost: their waiters must not wait
-                # in vain. They get a typed error; asking again finds the stored results.
-                self._waiters.deliver(read_inbox([item[1]]))
-                self._waiters.fail_all(BrokerUnavailable(f"Redis is unavailable: {exc}"))
-                continue
-            self._waiters.deliver(read_inbox([item[1], *rest]))
+            self._waiters.deliver(read_inbox(popped))
 
 
 class Producer:
@@ -108,13 +124,13 @@ class Producer:
         cancel_on_exit: bool = False,
     ) -> None:
         self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
-        self._client = client or connect(self._core.settings)
+        self._client = client or connect(self._core.settings, retry=single_try())
         self._admit = lua.register(self._client, "admit")
         self._watch = lua.register(self._client, "watch")
         self._cancel = lua.register(self._client, "cancel")
         self._stream_admit = lua.register(self._client, "stream_admit")
         self._listener = InboxListener(
-            listen_client or connect(self._core.settings), self._core.inbox
+            listen_client or connect(self._core.settings, retry=single_try()), self._core.inbox
         )
 
     @property
@@ -142,15 +158,15 @@ class Producer:
 
         Raises:
             RequestRejected: (a subclass) refused; nothing was enqueued.
-            BrokerUnavailable: Redis cannot be reached.
+            BrokerUnavailable: Redis could not be reached for ``submit_retry_s`` (the
+                admission is tried again meanwhile, never enqueued twice).
         """
         ids = None if request_id is None else [request_id]
         (prepared,) = self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
         keys, args = self._core.admit_call([prepared])
-        with broker_errors():
-            (reply,) = self._admit(keys=keys, args=args)
+        (reply,) = call_until(self._core.submit_deadline(), partial(self._admit, keys, args))
         self._core.check_admission(prepared, reply)
         self._core.submitted([prepared.request_id])
         return prepared.request_id
@@ -177,7 +193,9 @@ class Producer:
                 already queued with the same input, or answered from the cache); none for a
                 call of one chunk. ``RequestIdConflict.conflicting_ids`` names the reused ids;
                 ``QueueFull`` means no room for the whole chunk.
-            BrokerUnavailable: Redis cannot be reached.
+            BrokerUnavailable: Redis could not be reached for ``submit_retry_s`` (each
+                chunk's admission is tried again meanwhile, never enqueued twice);
+                ``accepted_ids`` as above.
         """
         prepared = self._prepare(
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
@@ -185,11 +203,10 @@ class Producer:
         accepted: list[str] = []
         for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
-            with broker_errors():
-                replies = self._admit(keys=keys, args=args)
             try:
+                replies = call_until(self._core.submit_deadline(), partial(self._admit, keys, args))
                 ids = self._core.check_chunk(chunk, replies)
-            except RequestRejected as refusal:
+            except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
                 raise
             self._core.submitted(ids)
@@ -197,10 +214,11 @@ class Producer:
         return accepted
 
     def _follow_fleet(self) -> None:
-        """Reads the fleet's model policies when they are due (every few seconds)."""
+        """Reads the fleet's model policies when they are due (every few seconds), trying for
+        ``submit_retry_s`` while Redis cannot be reached."""
         if self._core.fleet.due(monotonic()):
-            with broker_errors():
-                published = self._client.hgetall(self._core.keys.policies())
+            read = partial(self._client.hgetall, self._core.keys.policies())
+            published = call_until(self._core.submit_deadline(), read)
             self._core.fleet.adopt(published, monotonic())
 
     def policy(self, model: str) -> ModelPolicy:
@@ -246,26 +264,36 @@ class Producer:
             ResultTimeout: the first chunk did not come by the request's deadline (plus a
                 grace of 5 s), or a later one not within 30 s of the one before.
             InvalidInput: no worker serves the model's streaming lane (it cannot stream).
-            BrokerUnavailable: Redis cannot be reached.
+            BrokerUnavailable: Redis could not be reached for ``submit_retry_s`` at admission.
+                Once streaming, a read that cannot reach Redis is tried again until the
+                stream's own time runs out (``ResultTimeout``).
         """
         ids = None if request_id is None else [request_id]
         (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.stream_call(prepared)
-        with broker_errors():
-            reply = self._stream_admit(keys=keys, args=args)
+        reply = call_until(self._core.submit_deadline(), partial(self._stream_admit, keys, args))
         self._core.check_admission(prepared, reply)
         return self._chunks(prepared.request_id, prepared.request.deadline_at)
 
     def _chunks(self, request_id: str, deadline_at: float) -> Iterator[dict[str, Any]]:
         reader = StreamReader(self._core.keys, request_id, deadline_at)
+        away: Patience | None = None  # set while Redis cannot be reached
         try:
             while not reader.finished:
                 block_ms = reader.block_ms()
-                with broker_errors():
-                    streams: dict[Any, Any] = {reader.key: reader.last}
-                    reply = self._client.xread(streams, count=100, block=block_ms)
-                    # Nothing came: answered without a last chunk for us (cancelled)?
-                    raw = None if reply else self._client.get(reader.result_key)
+                try:
+                    with broker_errors():
+                        streams: dict[Any, Any] = {reader.key: reader.last}
+                        reply = self._client.xread(streams, count=100, block=block_ms)
+                        # Nothing came: answered without a last chunk for us (cancelled)?
+                        raw = None if reply else self._client.get(reader.result_key)
+                except BrokerUnavailable:
+                    away = away or Patience(deadline=math.inf)
+                    time.sleep(away.next_pause_s() or 0)
+                    continue
+                if away is not None:
+                    away = None
+                    reader.reconnected()
                 yield from reader.chunks(reply)
                 ended = reader.ended(raw)
                 if ended is not None:
@@ -290,9 +318,9 @@ class Producer:
 
         Raises:
             RequestFailed: (a subclass by error code) the request ended with an error.
-            ResultTimeout: no final answer within ``timeout_s``.
+            ResultTimeout: no final answer within ``timeout_s`` (as ``results``).
             UnknownRequest: the id was never accepted, or its result expired.
-            BrokerUnavailable: Redis cannot be reached.
+            RedisAccessDenied: Redis refused this producer's credentials or commands.
         """
         for result in self.results([request_id], timeout_s=timeout_s):
             return result.unwrap()
@@ -305,9 +333,12 @@ class Producer:
 
         Raises:
             ResultTimeout: some results did not come within ``timeout_s`` (those that did were
-                yielded first).
+                yielded first); ``pending_ids`` names the others, each still valid to ask for.
+                While Redis cannot be reached (a stall, a restart, a failover) the wait goes
+                on, reconnecting, and reads every stored result once back: it ends early
+                only on this.
             UnknownRequest: an id was never accepted, or its result expired.
-            BrokerUnavailable: Redis cannot be reached.
+            RedisAccessDenied: Redis refused this producer's credentials or commands.
         """
         for result in self._results(request_ids, timeout_s):
             self._core.answered(result.request_id)
@@ -335,40 +366,38 @@ class Producer:
     def _results(self, request_ids: Sequence[str], timeout_s: float | None) -> Iterator[Result]:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
-        deadline = monotonic() + timeout_s
-        ids = list(dict.fromkeys(request_ids))
-        arrived: SimpleQueue[Result | BaseException] = SimpleQueue()
-        self._listener.expect(ids, arrived)
+        wait = ResultWait(request_ids, timeout_s)
+        arrived: SimpleQueue[Arrival] = SimpleQueue()
+        self._listener.expect(wait.ids, arrived)
         try:
-            waiting = yield from self._already_done(ids)
-            while waiting:
+            yield from self._stored(wait)
+            while wait.waiting:
                 try:
-                    item = arrived.get(timeout=max(deadline - monotonic(), 0))
+                    item = arrived.get(timeout=wait.left_s())
                 except Empty:
-                    raise ResultTimeout(
-                        f"{len(waiting)} of {len(ids)} results did not come in time"
-                    ) from None
-                if isinstance(item, BaseException):
+                    raise wait.timed_out() from None
+                if isinstance(item, Reconnected):
+                    yield from self._stored(wait)
+                elif isinstance(item, BaseException):
                     raise item
-                if item.request_id in waiting:
-                    waiting.discard(item.request_id)
+                elif wait.take(item):
                     yield item
         finally:
-            self._listener.forget(ids, arrived)
+            self._listener.forget(wait.ids, arrived)
 
-    def _already_done(self, request_ids: Sequence[str]) -> Generator[Result, None, set[str]]:
-        """Yields the results already final; returns the ids still pending."""
-        pending: set[str] = set()
-        for batch in chunks(request_ids, self._core.settings.submit_chunk):
+    def _stored(self, wait: ResultWait) -> Iterator[Result]:
+        """Yields the stored results of the ids ``wait`` still waits for, registering this
+        producer's inbox for the others: one watch call per ``submit_chunk`` ids, each tried
+        until the wait's deadline while Redis cannot be reached."""
+        for batch in chunks(wait.still_waiting(), self._core.settings.submit_chunk):
             keys, args = self._core.watch_call(batch)
-            with broker_errors():
-                reply = self._watch(keys=keys, args=args)
-            for request_id, result in zip(batch, self._core.read_watch(batch, reply), strict=True):
-                if result is None:
-                    pending.add(request_id)
-                else:
+            try:
+                reply = call_until(wait.deadline, partial(self._watch, keys, args))
+            except BrokerUnavailable as outage:
+                raise wait.timed_out(outage) from outage
+            for result in self._core.read_watch(batch, reply):
+                if result is not None and wait.take(result):
                     yield result
-        return pending
 
     def infer(
         self,
@@ -382,7 +411,8 @@ class Producer:
 
         Raises:
             RequestFailed: (a subclass) the first failed request's error.
-            ResultTimeout, RequestRejected, BrokerUnavailable: as ``submit_many`` and ``results``.
+            RequestRejected, BrokerUnavailable: as ``submit_many``.
+            ResultTimeout, UnknownRequest, RedisAccessDenied: as ``results``.
         """
         ids = self.submit_many(model, inputs, deadline_s=deadline_s)
         by_id = {result.request_id: result for result in self.results(ids, timeout_s=timeout_s)}

@@ -2,20 +2,34 @@
 
 Each ``results`` call waits on one queue of its own (``queue.SimpleQueue`` for ``Producer``,
 ``asyncio.Queue`` for ``AsyncProducer``, whose listener runs on the caller's loop), registered
-for every id it waits for: a delivered result, or the error that ended the wait, is put there.
+for every id it waits for: a delivered result, or the error that ended the wait, is put there;
+so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from time import monotonic
 from typing import Protocol
 
+from config.errors import BrokerUnavailable, ResultTimeout
 from config.schema import Result
 
 
+class Reconnected:
+    """What the inbox listener puts in every waiting queue when it reaches Redis again after
+    losing it: results pushed meanwhile may be lost with a dropped reply, so each waiting call
+    reads its ids' stored results again."""
+
+
+RECONNECTED = Reconnected()
+
+Arrival = Result | BaseException | Reconnected
+
+
 class ResultQueue(Protocol):
-    def put_nowait(self, item: Result | BaseException, /) -> None: ...
+    def put_nowait(self, item: Arrival, /) -> None: ...
 
 
 class Waiters:
@@ -50,9 +64,54 @@ class Waiters:
                 queue.put_nowait(result)
 
     def fail_all(self, error: BaseException) -> None:
-        """Ends every wait with ``error`` (Redis went away): each waiting queue gets it once."""
+        """Ends every wait with ``error`` (Redis refused the listener): each waiting queue gets
+        it once."""
         with self._lock:
             waiting, self._waiting = self._waiting, {}
-        failed = {id(queue): queue for queues in waiting.values() for queue in queues}
-        for queue in failed.values():
+        for queue in distinct_queues(waiting):
             queue.put_nowait(error)
+
+    def reconnected(self) -> None:
+        """Tells every waiting queue, once, that the listener is back (``RECONNECTED``); the
+        waits stay registered."""
+        with self._lock:
+            queues = distinct_queues(self._waiting)
+        for queue in queues:
+            queue.put_nowait(RECONNECTED)
+
+
+def distinct_queues(waiting: dict[str, list[ResultQueue]]) -> list[ResultQueue]:
+    """Each queue of ``waiting`` once."""
+    return list({id(queue): queue for queues in waiting.values() for queue in queues}.values())
+
+
+class ResultWait:
+    """One ``results`` call, free of I/O: the ids it asked for, those it still waits for, and
+    its deadline (``time.monotonic``)."""
+
+    def __init__(self, request_ids: Sequence[str], timeout_s: float) -> None:
+        self.ids = list(dict.fromkeys(request_ids))
+        self.waiting = set(self.ids)
+        self.deadline = monotonic() + timeout_s
+
+    def left_s(self) -> float:
+        return max(self.deadline - monotonic(), 0.0)
+
+    def still_waiting(self) -> list[str]:
+        """The ids still unanswered, in the order asked."""
+        return [request_id for request_id in self.ids if request_id in self.waiting]
+
+    def take(self, result: Result) -> bool:
+        """Whether ``result`` answers an id still waited for (it no longer is)."""
+        if result.request_id not in self.waiting:
+            return False
+        self.waiting.discard(result.request_id)
+        return True
+
+    def timed_out(self, outage: BrokerUnavailable | None = None) -> ResultTimeout:
+        """The error that ends the wait at its deadline, naming the ids still pending."""
+        pending = self.still_waiting()
+        message = f"{len(pending)} of {len(self.ids)} results did not come in time"
+        if outage is not None:
+            message += f" (Redis could not be reached: {outage})"
+        return ResultTimeout(message, pending)

@@ -1,0 +1,120 @@
+"""Callers ride out Redis trouble up to their own timeouts (fakeredis, its server taken away
+and given back, or a reply dropped after Redis acted on it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from config.errors import BrokerUnavailable, ResultTimeout
+from config.keys import Keys
+from config.schema import Result
+from config.settings import Settings
+from producer.client import Producer
+from tests.chaos.harness import wait_until
+
+KEYS = Keys("bf")
+STREAM = KEYS.stream("synthetic")
+
+
+def server_of(client: fakeredis.FakeRedis) -> fakeredis.FakeServer:
+    return client.connection_pool.connection_kwargs["server"]
+
+
+class DropsReplies(fakeredis.FakeRedis):
+    """A client on which the first ``drops`` calls of command ``name`` run on the server but
+    lose their reply, as when a connection breaks after Redis acted."""
+
+    def __init__(self, *args: Any, name: str, drops: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = name
+        self.drops = drops
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = super().execute_command(*args, **options)
+        if str(args[0]).upper() == self.name and self.drops > 0:
+            self.drops -= 1
+            raise redis.ConnectionError("Connection closed by server.")
+        return reply
+
+
+def answer(request_id: str) -> str:
+    return Result(request_id=request_id, model="synthetic", output="out", finished_at=0).encode()
+
+
+def test_submit_fails_fast_with_no_retry_budget(
+    settings: Settings, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """``submit_retry_s = 0``: Redis away is BrokerUnavailable at once, nothing enqueued."""
+    settings = settings.model_copy(update={"submit_retry_s": 0})
+    with Producer(settings, client=fake_redis) as producer:
+        producer.policy("synthetic")  # the fleet's policies, read while Redis is there
+        server_of(fake_redis).connected = False
+        with pytest.raises(BrokerUnavailable):
+            producer.submit("synthetic", 1)
+        server_of(fake_redis).connected = True
+    assert not fake_redis.exists(STREAM)
+
+
+def test_submit_waits_for_redis_to_come_back(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Redis away for a moment: ``submit`` tries again and returns the id, enqueued once."""
+    server_of(fake_redis).connected = False
+    threading.Timer(0.3, lambda: setattr(server_of(fake_redis), "connected", True)).start()
+    request_id = producer.submit("synthetic", 1)
+    assert fake_redis.xlen(STREAM) == 1
+    assert fake_redis.exists(KEYS.record(request_id))
+
+
+def test_a_retried_admission_whose_reply_was_lost_enqueues_once(settings: Settings) -> None:
+    """The admission ran but its reply was lost: the retry finds the same id with the same
+    input already queued, and ``submit_many`` returns every id, each enqueued once."""
+    server = fakeredis.FakeServer()
+    client = DropsReplies(server=server, name="EVALSHA")
+    with Producer(settings, client=client) as producer:
+        ids = producer.submit_many("synthetic", [1, 2, 3])
+    assert client.drops == 0
+    assert len(ids) == 3
+    assert client.xlen(STREAM) == 3
+
+
+def test_a_wait_ends_at_its_own_timeout_naming_what_is_pending(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Redis away for longer than the caller waits: ``ResultTimeout`` once the timeout has
+    passed (not before), naming the pending id and the outage."""
+    request_id = producer.submit("synthetic", 1)
+    server_of(fake_redis).connected = False
+    started = time.monotonic()
+    with pytest.raises(ResultTimeout) as timeout:
+        producer.result(request_id, timeout_s=1.0)
+    assert time.monotonic() - started >= 1.0
+    assert timeout.value.pending_ids == [request_id]
+    assert "Redis could not be reached" in str(timeout.value)
+    server_of(fake_redis).connected = True
+
+
+def test_results_popped_with_a_lost_reply_are_read_from_where_they_are_stored(
+    settings: Settings, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """The listener pops a batch's answers from the inbox and the reply is lost: once it
+    reaches Redis again, the waiting call reads the stored answers and misses none."""
+    listen = DropsReplies(server=server_of(fake_redis), name="LPOP")
+    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
+        ids = producer.submit_many("synthetic", [1, 2, 3])
+        got: list[Result] = []
+        waiter = threading.Thread(target=lambda: got.extend(producer.results(ids, timeout_s=30)))
+        waiter.start()
+        wait_until(lambda: all(fake_redis.exists(KEYS.waiters(i)) for i in ids))
+        for request_id in ids:  # as the finalize script writes a batch's answers
+            fake_redis.set(KEYS.result(request_id), answer(request_id))
+        fake_redis.lpush(KEYS.inbox(producer.producer_id), *(answer(i) for i in ids))
+        waiter.join(timeout=30)
+    assert listen.drops == 0
+    assert sorted(result.request_id for result in got) == sorted(ids)
