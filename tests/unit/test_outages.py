@@ -3,8 +3,10 @@ and given back, or a reply dropped after Redis acted on it)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
@@ -15,6 +17,7 @@ from config.errors import BrokerUnavailable, ResultTimeout
 from config.keys import Keys
 from config.schema import Result
 from config.settings import Settings
+from producer.async_client import AsyncProducer
 from producer.client import Producer
 from tests.chaos.harness import wait_until
 
@@ -118,3 +121,69 @@ def test_results_popped_with_a_lost_reply_are_read_from_where_they_are_stored(
         waiter.join(timeout=30)
     assert listen.drops == 0
     assert sorted(result.request_id for result in got) == sorted(ids)
+
+
+class AsyncDropsReplies(fakeredis.aioredis.FakeRedis):
+    """``DropsReplies`` for an asyncio client."""
+
+    def __init__(self, *args: Any, name: str, drops: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = name
+        self.drops = drops
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = await super().execute_command(*args, **options)
+        if str(args[0]).upper() == self.name and self.drops > 0:
+            self.drops -= 1
+            raise redis.ConnectionError("Connection closed by server.")
+        return reply
+
+
+def test_the_async_producer_reads_what_a_lost_reply_popped(settings: Settings) -> None:
+    """``AsyncProducer`` as ``Producer``: answers popped by a reply that was lost are read
+    where they are stored, and a retried admission enqueues once."""
+    server = fakeredis.FakeServer()
+    client = AsyncDropsReplies(server=server, name="EVALSHA")
+    listen = AsyncDropsReplies(server=server, name="LPOP")
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        async with AsyncProducer(settings, client=client, listen_client=listen) as producer:
+            ids = await producer.submit_many("synthetic", [1, 2, 3])
+            waiting = asyncio.create_task(collect(producer.results(ids, timeout_s=30)))
+            while not all([await client.exists(KEYS.waiters(i)) for i in ids]):
+                await asyncio.sleep(0.01)
+            for request_id in ids:
+                await client.set(KEYS.result(request_id), answer(request_id))
+            await client.lpush(KEYS.inbox(producer.producer_id), *(answer(i) for i in ids))
+            return ids, await waiting, await client.xlen(STREAM)
+
+    ids, got, queued = asyncio.run(scenario())
+    assert sorted(got) == sorted(ids)
+    assert queued == 3
+    assert client.drops == 0 and listen.drops == 0
+
+
+async def collect(results: AsyncIterator[Result]) -> list[str]:
+    return [result.request_id async for result in results]
+
+
+def test_an_async_wait_ends_at_its_own_timeout_naming_what_is_pending(settings: Settings) -> None:
+    """``AsyncProducer`` as ``Producer``: Redis away past the timeout is ``ResultTimeout``
+    naming the pending id."""
+    server = fakeredis.FakeServer()
+    client = fakeredis.aioredis.FakeRedis(server=server)
+
+    async def scenario() -> ResultTimeout:
+        async with AsyncProducer(settings, client=client, listen_client=client) as producer:
+            request_id = await producer.submit("synthetic", 1)
+            server.connected = False
+            try:
+                await producer.result(request_id, timeout_s=1.0)
+            except ResultTimeout as timeout:
+                assert timeout.pending_ids == [request_id]
+                return timeout
+            finally:
+                server.connected = True
+        raise AssertionError("the wait did not time out")
+
+    assert "Redis could not be reached" in str(asyncio.run(scenario()))
