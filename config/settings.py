@@ -167,6 +167,13 @@ class Settings(BaseSettings):
     )
 
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    # The Celery broker that carries the batches (the batch hop), when not the Redis above:
+    # another Redis (``redis://``, ``rediss://``) or RabbitMQ (``amqp://``). Redis Cluster
+    # cannot carry it (kombu has no cluster transport).
+    broker_url: SecretStr | None = None
+    # With RabbitMQ: ``quorum`` declares the batch queues as quorum queues, replicated across
+    # the RabbitMQ cluster (``classic`` queues live on one node).
+    broker_queue_type: Literal["classic", "quorum"] = "classic"
     # Above the 1 s blocking reads of batchers and inbox listeners, which must not time out.
     redis_socket_timeout_s: float = Field(5.0, ge=2.0)
     # Requests ``submit_many`` admits per round trip: the first batch can start while the

@@ -18,6 +18,8 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
+REDIS_SCHEMES = ("redis", "rediss")
+
 
 class Channel(kombu_redis.Channel):
     _reused_client: redis.Redis | None = None
@@ -41,5 +43,5 @@ def register_transport() -> None:
     """Makes this the transport of ``redis://`` and ``rediss://`` URLs in this process, in
     kombu's table of transport aliases: the URL keeps its scheme, so kombu's TLS defaults for
     ``rediss://`` and the URL Celery logs stay as they are."""
-    for scheme in ("redis", "rediss"):
+    for scheme in REDIS_SCHEMES:
         TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"

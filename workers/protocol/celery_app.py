@@ -1,12 +1,20 @@
-"""Builds the Celery app from settings: JSON only, late acks, one reserved batch per slot."""
+"""Builds the Celery app from settings: JSON only, late acks, one reserved batch per slot, on
+the fleet's Redis or a broker of its own (another Redis, or RabbitMQ)."""
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from celery import Celery
 
 from config.keys import Keys
 from config.settings import Settings
-from workers.protocol.broker_transport import register_transport
+from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
+
+
+def broker_url(settings: Settings) -> str:
+    """The URL of the Celery broker: ``broker_url``, else the fleet's Redis."""
+    return (settings.broker_url or settings.redis_url).get_secret_value()
 
 
 def make_celery_app(settings: Settings) -> Celery:
@@ -19,14 +27,16 @@ def make_celery_app(settings: Settings) -> Celery:
     register_transport()
     keys = Keys(settings.key_prefix)
     worker = settings.worker
-    url = settings.redis_url.get_secret_value()
-    transport_options = {
-        "visibility_timeout": worker.visibility_timeout_s,
-        "socket_timeout": settings.redis_socket_timeout_s,
-        "socket_connect_timeout": settings.redis_socket_timeout_s,
-        "socket_keepalive": True,
-        "health_check_interval": 10,
-    }
+    url = broker_url(settings)
+    transport_options: dict[str, object] = {}
+    if urlsplit(url).scheme in REDIS_SCHEMES:
+        transport_options = {
+            "visibility_timeout": worker.visibility_timeout_s,
+            "socket_timeout": settings.redis_socket_timeout_s,
+            "socket_connect_timeout": settings.redis_socket_timeout_s,
+            "socket_keepalive": True,
+            "health_check_interval": 10,
+        }
     app = Celery("batchfleet", broker=url, set_as_current=False)
     app.conf.update(
         accept_content=["json"],
@@ -60,5 +70,6 @@ def make_celery_app(settings: Settings) -> Celery:
         event_exchange=f"{settings.key_prefix}.celeryev",
         control_exchange=settings.key_prefix,
         task_create_missing_queues=True,
+        task_create_missing_queue_type=settings.broker_queue_type,
     )
     return app
