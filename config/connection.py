@@ -8,31 +8,76 @@ wheel) is 6.2; Debian 12's ``redis-server`` is 7.0. Both are tested.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.sentinel
+from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
 from config.errors import BrokerUnavailable, RedisAccessDenied, UnsupportedRedis
 from config.settings import Settings
 
 MIN_REDIS_VERSION = (6, 2)
+SENTINEL_PORT = 26379
 # How long a loop that failed to reach Redis waits before it tries again.
 REDIS_RETRY_PAUSE_S = 0.5
 
 
 def connect(settings: Settings, *, retry: Retry | None = None) -> redis.Redis:
-    """A redis-py client for ``settings``, with bounded socket timeouts. ``retry`` replaces
-    redis-py's own (ten tries with backoff on a connection or timeout error): a caller that
-    retries against a deadline of its own passes ``Retry(NoBackoff(), 0)``."""
-    return redis.Redis.from_url(
-        settings.redis_url.get_secret_value(),
-        socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=settings.redis_socket_timeout_s,
-        health_check_interval=30,
+    """A redis-py client for ``settings`` (on a Sentinel group's master where the URL is
+    ``sentinel://``), with bounded socket timeouts. ``retry`` replaces redis-py's own (ten
+    tries with backoff on a connection or timeout error): a caller that retries against a
+    deadline of its own passes ``Retry(NoBackoff(), 0)``."""
+    options = client_options(settings, retry)
+    if settings.redis_sentinel_master:
+        sentinels = sentinel_group(settings, redis.sentinel.Sentinel)
+        master = sentinels.master_for(settings.redis_sentinel_master, **options)  # type: ignore[no-untyped-call]
+        return cast(redis.Redis, master)
+    return redis.Redis.from_url(settings.redis_url.get_secret_value(), **options)
+
+
+def client_options(settings: Settings, retry: Any = None) -> dict[str, Any]:
+    """What every batchfleet client of Redis is built with."""
+    return {
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": settings.redis_socket_timeout_s,
+        "health_check_interval": 30,
         **({} if retry is None else {"retry": retry}),
+    }
+
+
+def sentinel_options(settings: Settings) -> dict[str, Any]:
+    """How to talk to the sentinels themselves: socket timeouts, and their own password."""
+    options: dict[str, Any] = {
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": settings.redis_socket_timeout_s,
+    }
+    if settings.redis_sentinel_password is not None:
+        options["password"] = settings.redis_sentinel_password.get_secret_value()
+    return options
+
+
+SentinelGroup = TypeVar("SentinelGroup")
+
+
+def sentinel_group(settings: Settings, sentinel: Callable[..., SentinelGroup]) -> SentinelGroup:
+    """``sentinel`` (redis-py's ``Sentinel``, sync or asyncio) over the sentinels a
+    ``sentinel://`` URL names, with the master's credentials and database from it."""
+    parts = [urlsplit(part) for part in settings.redis_url.get_secret_value().split(";")]
+    hosts = [(part.hostname or "127.0.0.1", part.port or SENTINEL_PORT) for part in parts]
+    first = parts[0]
+    database = next((part.path.strip("/") for part in parts if part.path.strip("/")), "0")
+    return sentinel(
+        hosts,
+        sentinel_kwargs=sentinel_options(settings),
+        username=unquote(first.username) if first.username else None,
+        password=unquote(first.password) if first.password else None,
+        db=int(database),
     )
 
 
@@ -94,3 +139,46 @@ def require_supported_redis(client: redis.Redis) -> str:
             f"batchfleet needs Redis {wanted} or newer; this server runs Redis {version}"
         )
     return version
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """Script calls whose writes wait until ``replicas`` replicas have them (Redis ``WAIT``,
+    sent on the script's own connection, for up to ``timeout_s``): what a failover cannot
+    take back."""
+
+    replicas: int
+    timeout_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> ReplicaWait | None:
+        """The wait ``settings`` ask for (``redis_wait_replicas``); None for none."""
+        if settings.redis_wait_replicas == 0:
+            return None
+        return cls(settings.redis_wait_replicas, settings.redis_wait_timeout_s)
+
+    def call(self, script: Script, keys: list[Any], args: list[Any]) -> tuple[Any, bool]:
+        """``script``'s reply, and whether enough replicas acknowledged its writes in time."""
+        with script.registered_client.pipeline(transaction=False) as pipe:
+            script(keys=keys, args=args, client=pipe)
+            pipe.wait(self.replicas, int(self.timeout_s * 1000))
+            reply, acknowledged = pipe.execute()
+        return reply, int(acknowledged) >= self.replicas
+
+    async def call_async(
+        self, script: AsyncScript, keys: list[Any], args: list[Any]
+    ) -> tuple[Any, bool]:
+        """``call`` for an asyncio client's script."""
+        async with script.registered_client.pipeline(transaction=False) as pipe:
+            await script(keys=keys, args=args, client=pipe)  # type: ignore[arg-type]
+            pipe.wait(self.replicas, int(self.timeout_s * 1000))
+            reply, acknowledged = await pipe.execute()
+        return reply, int(acknowledged) >= self.replicas
+
+    def unconfirmed(self) -> BrokerUnavailable:
+        """The error for a write fewer replicas acknowledged than asked (it is on the master:
+        trying again is safe, the scripts being idempotent)."""
+        return BrokerUnavailable(
+            f"fewer than {self.replicas} replicas acknowledged the write within"
+            f" {self.timeout_s} s (redis_wait_replicas)"
+        )

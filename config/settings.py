@@ -27,6 +27,7 @@ from config.errors import ConfigError
 
 MIB = 1024 * 1024
 ENV_PREFIX = "BATCHFLEET_"
+SENTINEL_SCHEME = "sentinel"
 # A worker counts as alive for this many heartbeats after its last one.
 HEARTBEAT_TTL_BEATS = 3
 CONFIG_FILE_ENV = "BATCHFLEET_CONFIG"
@@ -166,7 +167,17 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
+    # One Redis (``redis://``, ``rediss://``) or a Sentinel group watching one: kombu's form,
+    # ``sentinel://[:password@]host1:26379;sentinel://host2:26379[/db]`` (the password is the
+    # master's), with the master's name in ``redis_sentinel_master``.
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    redis_sentinel_master: str | None = None
+    # The sentinels' own password, where they require one (``requirepass`` in their config).
+    redis_sentinel_password: SecretStr | None = None
+    # Admission and every answer write wait until this many replicas have them (Redis
+    # ``WAIT``), so that a failover loses neither; 0 (the default) waits for none.
+    redis_wait_replicas: int = Field(0, ge=0)
+    redis_wait_timeout_s: float = Field(1.0, gt=0)
     # The Celery broker that carries the batches (the batch hop), when not the Redis above:
     # another Redis (``redis://``, ``rediss://``) or RabbitMQ (``amqp://``). Redis Cluster
     # cannot carry it (kombu has no cluster transport).
@@ -193,6 +204,16 @@ class Settings(BaseSettings):
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
+
+    @model_validator(mode="after")
+    def _check_sentinel(self) -> Settings:
+        """A Sentinel URL names its master; a master name comes with a Sentinel URL."""
+        sentinel = self.redis_url.get_secret_value().startswith(SENTINEL_SCHEME + "://")
+        if sentinel and not self.redis_sentinel_master:
+            raise ValueError("a sentinel:// redis_url needs redis_sentinel_master (its name)")
+        if self.redis_sentinel_master and not sentinel:
+            raise ValueError("redis_sentinel_master is set, but redis_url is not sentinel://")
+        return self
 
     @model_validator(mode="after")
     def _check_time_limits(self) -> Settings:

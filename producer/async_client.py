@@ -9,13 +9,21 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from functools import partial
 from time import monotonic
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel
+from redis.commands.core import AsyncScript
 
 from config import lua
-from config.connection import broker_errors, is_outage
+from config.connection import (
+    ReplicaWait,
+    broker_errors,
+    client_options,
+    is_outage,
+    sentinel_group,
+)
 from config.errors import (
     BatchfleetError,
     BrokerUnavailable,
@@ -44,17 +52,18 @@ MAX_CONNECTIONS = 32
 
 
 def connect_async(settings: Settings) -> aioredis.Redis:
-    """An asyncio redis-py client for ``settings``: bounded socket timeouts, at most 32
-    connections, for which concurrent calls queue instead of failing, and no retries of its
-    own (the producer retries by deadline)."""
+    """An asyncio redis-py client for ``settings``: bounded socket timeouts, no retries of
+    its own (the producer retries by deadline) and, on one Redis, at most 32 connections, for
+    which concurrent calls queue instead of failing."""
+    options = client_options(settings, single_try_async())
+    if settings.redis_sentinel_master:
+        sentinels = sentinel_group(settings, aioredis.sentinel.Sentinel)
+        return cast(aioredis.Redis, sentinels.master_for(settings.redis_sentinel_master, **options))
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url.get_secret_value(),
         max_connections=MAX_CONNECTIONS,
         timeout=settings.redis_socket_timeout_s,
-        socket_timeout=settings.redis_socket_timeout_s,
-        socket_connect_timeout=settings.redis_socket_timeout_s,
-        health_check_interval=30,
-        retry=single_try_async(),
+        **options,
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -137,6 +146,7 @@ class AsyncProducer:
         self._watch = lua.register(self._client, "watch")
         self._cancel = lua.register(self._client, "cancel")
         self._stream_admit = lua.register(self._client, "stream_admit")
+        self._replica_wait = ReplicaWait.of(self._core.settings)
         self._listener = AsyncInboxListener(
             listen_client or connect_async(self._core.settings), self._core.inbox
         )
@@ -149,6 +159,20 @@ class AsyncProducer:
     @property
     def producer_id(self) -> str:
         return self._core.producer_id
+
+    async def _admitted(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> Any:
+        """An admission script's reply; see ``Producer._admitted``."""
+        write = partial(self._write, script, keys, args)
+        return await call_until_async(self._core.submit_deadline(), write)
+
+    async def _write(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> Any:
+        """``script``'s reply; see ``Producer._write``."""
+        if self._replica_wait is None:
+            return await script(keys, args)
+        reply, replicated = await self._replica_wait.call_async(script, keys, args)
+        if not replicated:
+            raise self._replica_wait.unconfirmed()
+        return reply
 
     async def submit(
         self,
@@ -178,7 +202,7 @@ class AsyncProducer:
         for group in self._core.one_by_one_groups(items):
             keys, args = self._core.admit_call([items[n] for n in group], one_by_one=True)
             with broker_errors():
-                replies = await self._admit(keys=keys, args=args)
+                replies = await self._write(self._admit, keys, args)
             for n, status in zip(group, replies, strict=True):
                 statuses[n] = status
         return statuses
@@ -220,9 +244,8 @@ class AsyncProducer:
         accepted: list[str] = []
         for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
-            admit = partial(self._admit, keys, args)
             try:
-                replies = await call_until_async(self._core.submit_deadline(), admit)
+                replies = await self._admitted(self._admit, keys, args)
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
@@ -306,8 +329,7 @@ class AsyncProducer:
         ids = None if request_id is None else [request_id]
         (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.stream_call(prepared)
-        admit = partial(self._stream_admit, keys, args)
-        admitted = await call_until_async(self._core.submit_deadline(), admit)
+        admitted = await self._admitted(self._stream_admit, keys, args)
         self._core.check_admission(prepared, admitted)
         request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
         reader = StreamReader(self._core.keys, request_id, deadline_at)

@@ -14,9 +14,10 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from config import lua
-from config.connection import broker_errors, connect, is_outage
+from config.connection import ReplicaWait, broker_errors, connect, is_outage
 from config.errors import (
     BatchfleetError,
     BrokerUnavailable,
@@ -129,6 +130,7 @@ class Producer:
         self._watch = lua.register(self._client, "watch")
         self._cancel = lua.register(self._client, "cancel")
         self._stream_admit = lua.register(self._client, "stream_admit")
+        self._replica_wait = ReplicaWait.of(self._core.settings)
         self._listener = InboxListener(
             listen_client or connect(self._core.settings, retry=single_try()), self._core.inbox
         )
@@ -136,6 +138,21 @@ class Producer:
     @property
     def producer_id(self) -> str:
         return self._core.producer_id
+
+    def _admitted(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
+        """An admission script's reply, tried for ``submit_retry_s`` while Redis cannot be
+        reached (it is idempotent: a retry never enqueues twice)."""
+        return call_until(self._core.submit_deadline(), partial(self._write, script, keys, args))
+
+    def _write(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
+        """``script``'s reply; with ``redis_wait_replicas``, once enough replicas have its
+        writes (else ``BrokerUnavailable``, which the admission's retries take)."""
+        if self._replica_wait is None:
+            return script(keys, args)
+        reply, replicated = self._replica_wait.call(script, keys, args)
+        if not replicated:
+            raise self._replica_wait.unconfirmed()
+        return reply
 
     def submit(
         self,
@@ -166,7 +183,9 @@ class Producer:
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
         keys, args = self._core.admit_call([prepared])
-        (reply,) = call_until(self._core.submit_deadline(), partial(self._admit, keys, args))
+        (reply,) = call_until(
+            self._core.submit_deadline(), partial(self._write, self._admit, keys, args)
+        )
         self._core.check_admission(prepared, reply)
         self._core.submitted([prepared.request_id])
         return prepared.request_id
@@ -204,7 +223,9 @@ class Producer:
         for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
             try:
-                replies = call_until(self._core.submit_deadline(), partial(self._admit, keys, args))
+                replies = call_until(
+                    self._core.submit_deadline(), partial(self._write, self._admit, keys, args)
+                )
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
@@ -271,7 +292,9 @@ class Producer:
         ids = None if request_id is None else [request_id]
         (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.stream_call(prepared)
-        reply = call_until(self._core.submit_deadline(), partial(self._stream_admit, keys, args))
+        reply = call_until(
+            self._core.submit_deadline(), partial(self._write, self._stream_admit, keys, args)
+        )
         self._core.check_admission(prepared, reply)
         return self._chunks(prepared.request_id, prepared.request.deadline_at)
 

@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from config.batch_task import RUN_BATCH_TASK
+from config.connection import connect
 from config.errors import BatchfleetError, BrokerUnavailable
 from config.keys import CONSUMER_GROUP, Keys, held_on_device, worker_consumer
 from config.schema import STREAM_FIELD, Result
@@ -37,6 +38,8 @@ from config.settings import Settings, load_settings
 from producer.client import Producer
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
+from tests.chaos.sentinel_group import NAME as SENTINEL_NAME
+from tests.chaos.sentinel_group import SentinelGroup
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
 from workers.protocol.celery_app import make_celery_app
@@ -126,7 +129,8 @@ class WriteObserver:
 
 
 class ChaosFleet:
-    """A private Redis, the processes of a fleet serving the ledger model, and its observer."""
+    """A private Redis (or, with ``sentinel``, a Sentinel group: ``group``), the processes of
+    a fleet serving the ledger model, and an observer of each Redis node's writes."""
 
     def __init__(
         self,
@@ -134,9 +138,15 @@ class ChaosFleet:
         *redis_args: str,
         policy: dict[str, Any] | None = None,
         model_options: dict[str, Any] | None = None,
+        sentinel: bool = False,
         **env: str,
     ) -> None:
-        self.redis = LocalRedis("--notify-keyspace-events", "E$", *redis_args)
+        events = ("--notify-keyspace-events", "E$", *redis_args)
+        self.group = SentinelGroup(*events) if sentinel else None
+        self.redis = self.group.nodes[0] if self.group else LocalRedis(*events)
+        where: dict[str, str] = {"redis_url": self.redis.url}
+        if self.group is not None:
+            where = {"redis_url": self.group.url, "redis_sentinel_master": SENTINEL_NAME}
         self.executions_path = str(folder / "executions.log")
         model = {
             "backend": "tests.chaos.ledger_model:LedgerModel",
@@ -145,28 +155,40 @@ class ChaosFleet:
         }
         self.models = {MODEL: model}
         self.keys = Keys(PREFIX)
-        self.settings: Settings = load_settings(
-            redis_url=self.redis.url, key_prefix=PREFIX, models=self.models
-        )
+        self.settings: Settings = load_settings(**where, key_prefix=PREFIX, models=self.models)
         self.processes = LocalFleet(
             {
-                "BATCHFLEET_REDIS_URL": self.redis.url,
+                **{f"BATCHFLEET_{name.upper()}": value for name, value in where.items()},
                 "BATCHFLEET_KEY_PREFIX": PREFIX,
                 "BATCHFLEET_MODELS": json.dumps(self.models),
                 **CHAOS_LIMITS,
                 **env,
             }
         )
-        self.observer = WriteObserver(self.redis.url, self.keys)
-        self.client = redis.Redis.from_url(self.redis.url, socket_timeout=5)
+        nodes = self.group.nodes if self.group else [self.redis]
+        self.observers = [WriteObserver(node.url, self.keys) for node in nodes]
+        self.client = connect(self.settings)
         self._supervisors: list[threading.Thread] = []
         self.starts: Counter[str] = Counter()
         self._closing = threading.Event()
 
     def start(self) -> ChaosFleet:
-        self.redis.start()
-        self.observer.start()
+        if self.group is not None:
+            self.group.start()
+        else:
+            self.redis.start()
+        for observer in self.observers:
+            observer.start()
         return self
+
+    def writes(self) -> Counter[str]:
+        """Writes of each request's result, as the observers counted them: on a Sentinel group
+        the most any one node saw (a replica sees its master's writes too), so a write lost
+        with a killed master can hide a duplicate, never invent one."""
+        counted: Counter[str] = Counter()
+        for observer in self.observers:
+            counted |= observer.writes
+        return counted
 
     def close(self) -> None:
         self._closing.set()
@@ -174,9 +196,13 @@ class ChaosFleet:
         for supervisor in self._supervisors:
             supervisor.join(timeout=15)
         self.processes.close()  # and what a supervisor started while the first pass ran
-        self.observer.stop()
+        for observer in self.observers:
+            observer.stop()
         self.client.close()
-        self.redis.stop()
+        if self.group is not None:
+            self.group.stop()
+        else:
+            self.redis.stop()
 
     def producer(self) -> Producer:
         return Producer(self.settings)
@@ -246,7 +272,7 @@ class ChaosFleet:
         """The ledger's report after the fleet settled."""
         ids = list(ledger.accepted)
         stored = self.stored_results(ids)
-        writes = self.observer.writes
+        writes = self.writes()
         runs = Counter(read_executions(self.executions_path))
         errors: Counter[str] = Counter(
             result.error.code for result in stored.values() if result.error is not None

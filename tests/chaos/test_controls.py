@@ -52,6 +52,6 @@ def test_the_ledger_reports_a_second_answer_from_a_worker_that_overwrites(
         fleet.processes.start("overwrite", "worker", "--cpu", module=BROKEN)
         producer.result(request_id, timeout_s=30)
         fleet.deliver_again(entry, "again")
-        wait_until(lambda: fleet.observer.writes[request_id] == 2)
+        wait_until(lambda: fleet.writes()[request_id] == 2)
     report = record(fleet.account("control: overwrites results, batch given again", ledger))
     assert report.duplicated == [request_id], report.table()

@@ -107,6 +107,6 @@ def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
         with pytest.raises(UnknownRequest):
             producer.result(request_id, timeout_s=5)
     report = record(fleet.account("11 result TTL, then a late duplicate execution", ledger))
-    assert fleet.observer.writes[request_id] == 1
+    assert fleet.writes()[request_id] == 1
     assert not report.duplicated
     assert report.reexecutions == 1

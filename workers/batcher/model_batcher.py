@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 
 from config import lua
 from config.batch_task import RUN_BATCH_TASK, BatchTask
-from config.connection import REDIS_RETRY_PAUSE_S, connect
+from config.connection import REDIS_RETRY_PAUSE_S, ReplicaWait, connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
 from config.schema import PRIORITY_RANK
@@ -87,7 +87,7 @@ class ModelBatcher:
         self._client = client
         self._celery = celery
         self._state = FleetState(client, self.keys, model)
-        self._writer = ResultWriter(client, self.keys, model)
+        self._writer = ResultWriter(client, self.keys, model, replica_wait=ReplicaWait.of(settings))
         self._prune_consumers = lua.register(client, "prune_consumers")
         self._lease_s = settings.batcher.reclaim_lease_s
         self._cost_of = cost_function(self.policy)

@@ -1,5 +1,6 @@
 """The Celery broker's transport: kombu's Redis transport, reusing one Redis client per channel,
-registered for ``redis://`` and ``rediss://`` broker URLs.
+registered for ``redis://``, ``rediss://`` and (kombu's Sentinel transport) ``sentinel://``
+broker URLs.
 
 kombu builds a new redis-py client object for every publish, ack and reservation it makes
 outside its polling loop (``Channel.conn_or_acquire``), and building one costs about as much
@@ -18,11 +19,18 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
-REDIS_SCHEMES = ("redis", "rediss")
+from config.settings import SENTINEL_SCHEME
+
+SINGLE_REDIS_SCHEMES = ("redis", "rediss")
+# The broker URLs on Redis, which take Redis transport options.
+REDIS_SCHEMES = (*SINGLE_REDIS_SCHEMES, SENTINEL_SCHEME)
 
 
-class Channel(kombu_redis.Channel):
+class ReusedClient:
+    """The channel part that reuses one redis-py client (see the module's docstring)."""
+
     _reused_client: redis.Redis | None = None
+    pool: Any
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -31,17 +39,30 @@ class Channel(kombu_redis.Channel):
             return
         reused = self._reused_client
         if reused is None or reused.connection_pool is not self.pool:
-            reused = self._reused_client = self._create_client()  # type: ignore[no-untyped-call]
+            reused = self._reused_client = self._create_client()  # type: ignore[attr-defined]
         yield reused
+
+
+class Channel(ReusedClient, kombu_redis.Channel):
+    pass
+
+
+class SentinelChannel(ReusedClient, kombu_redis.SentinelChannel):
+    pass
 
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def register_transport() -> None:
-    """Makes this the transport of ``redis://`` and ``rediss://`` URLs in this process, in
-    kombu's table of transport aliases: the URL keeps its scheme, so kombu's TLS defaults for
-    ``rediss://`` and the URL Celery logs stay as they are."""
-    for scheme in REDIS_SCHEMES:
+    """Makes these the transports of ``redis://``, ``rediss://`` and ``sentinel://`` URLs in
+    this process, in kombu's table of transport aliases: the URL keeps its scheme, so kombu's
+    TLS defaults for ``rediss://`` and the URL Celery logs stay as they are."""
+    for scheme in SINGLE_REDIS_SCHEMES:
         TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
+    TRANSPORT_ALIASES[SENTINEL_SCHEME] = f"{__name__}:SentinelTransport"

@@ -7,8 +7,9 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
+from config.connection import sentinel_options
 from config.keys import Keys
-from config.settings import Settings
+from config.settings import SENTINEL_SCHEME, Settings
 from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
 
 
@@ -37,6 +38,9 @@ def make_celery_app(settings: Settings) -> Celery:
             "socket_keepalive": True,
             "health_check_interval": 10,
         }
+    if urlsplit(url).scheme == SENTINEL_SCHEME:
+        transport_options["master_name"] = settings.redis_sentinel_master
+        transport_options["sentinel_kwargs"] = sentinel_options(settings)
     app = Celery("batchfleet", broker=url, set_as_current=False)
     app.conf.update(
         accept_content=["json"],

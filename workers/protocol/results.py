@@ -8,6 +8,7 @@ back one that has expired.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import redis
 from redis.client import Pipeline
 
 from config import lua, stats_fields
+from config.connection import ReplicaWait
 from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
 from config.schema import ErrorCode, ErrorInfo, Request, Result, cache_entry, canonical_json
@@ -26,6 +28,8 @@ RECENT_LATENCIES = 2000  # the answers `batchfleet top` computes latency percent
 # Answers per finalize script call: a batch's answers go in one call, a larger set (a backlog
 # expired at once) in calls of this many.
 FINALIZE_CHUNK = 1000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,9 +109,15 @@ class ResultWriter:
     """Finalizes requests of one model in one round trip per call."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, model: str, cache_ttl_s: float | None = None
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        model: str,
+        cache_ttl_s: float | None = None,
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         self._client = client
+        self._replica_wait = replica_wait
         self._keys = keys
         self._model = model
         self._cache_ttl_ms = None if cache_ttl_s is None else int(cache_ttl_s * 1000)
@@ -145,8 +155,20 @@ class ResultWriter:
                 ]
                 args += [payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
                 args += [counted_as, latency_sample(result)]
-            statuses += self._script(keys=keys, args=args)
+            statuses += self._write(keys, args)
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
+
+    def _write(self, keys: list[Any], args: list[Any]) -> list[Any]:
+        """The finalize script's reply; with a replica wait, once the replicas have the
+        answers. Fewer replicas in time is logged, not raised: the answers stand on the
+        master, and should a failover lose them, their requests are still in the stream
+        there, to be answered again."""
+        if self._replica_wait is None:
+            return list(self._script(keys=keys, args=args))
+        reply, replicated = self._replica_wait.call(self._script, keys, args)
+        if not replicated:
+            log.warning("%s", self._replica_wait.unconfirmed())
+        return list(reply)
 
     def _cache_outputs(self, pipe: Any, answers: Sequence[Answer]) -> None:
         """Adds each computed output to the model's response cache, tagged with the version

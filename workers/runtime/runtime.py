@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from config.batch_task import BatchTask
-from config.connection import connect
+from config.connection import ReplicaWait, connect
 from config.keys import Keys, device_consumer, worker_consumer
 from config.settings import Settings
 from workers.models.base import Model
@@ -128,7 +128,13 @@ class WorkerRuntime:
             task.model,
             task.batch_id,
             task.flush_reason,
-            writer=ResultWriter(self.client, self.keys, task.model, policy.cache_ttl_s),
+            writer=ResultWriter(
+                self.client,
+                self.keys,
+                task.model,
+                policy.cache_ttl_s,
+                ReplicaWait.of(self.settings),
+            ),
             state=FleetState(self.client, self.keys, task.model),
             ttl_s=policy.result_ttl_s,
             lease_s=self.settings.batcher.reclaim_lease_s,

@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from config.connection import REDIS_RETRY_PAUSE_S
+from config.connection import REDIS_RETRY_PAUSE_S, ReplicaWait
 from config.errors import WireFormatError
 from config.keys import STREAM_GROUP, Keys
 from config.schema import ErrorCode, Request, Result
@@ -61,7 +61,9 @@ class StreamLane:
         self._consumer = consumer
         self._version = version
         self._lane = self._keys.stream_lane(model)
-        self._writer = ResultWriter(client, self._keys, model)
+        self._writer = ResultWriter(
+            client, self._keys, model, replica_wait=ReplicaWait.of(settings)
+        )
         concurrency = settings.worker.stream_concurrency
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"stream-{model}")
         self._running = threading.Semaphore(concurrency)

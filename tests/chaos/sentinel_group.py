@@ -1,0 +1,155 @@
+"""A Redis Sentinel group on loopback: a master, one replica and three sentinels, each a
+``redis-server`` (the same binary runs as a sentinel), on free ports.
+
+``url`` is what the fleet is given (kombu's ``sentinel://`` form, with ``NAME`` as the
+master's name); ``failover()`` asks the sentinels for a graceful failover, ``kill_master()``
+SIGKILLs the master and waits until the sentinels have promoted the replica.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from config.errors import BrokerUnavailable
+from workers.local.local_redis import LocalRedis, free_port, redis_server_binary
+
+NAME = "bfmaster"
+QUORUM = 2
+DOWN_AFTER_MS = 1000
+SETTLE_TIMEOUT_S = 60.0
+
+
+class SentinelGroup:
+    """Two ``redis-server`` nodes (``extra_args`` for both) and three sentinels watching them."""
+
+    def __init__(self, *extra_args: str) -> None:
+        self.nodes = [LocalRedis(*extra_args)]
+        self.nodes.append(
+            LocalRedis(*extra_args, "--replicaof", "127.0.0.1", str(self.nodes[0].port))
+        )
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.url = ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports) + "/0"
+        self._dir = Path(tempfile.mkdtemp(prefix="batchfleet-sentinels-"))
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> SentinelGroup:
+        for node in self.nodes:
+            node.start()
+        self._wait(lambda: self._replication(self.nodes[1]).get("master_link_status") == "up")
+        for port in self.sentinel_ports:
+            config = self._dir / f"sentinel-{port}.conf"
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
+                f"sentinel monitor {NAME} 127.0.0.1 {self.nodes[0].port} {QUORUM}\n"
+                f"sentinel down-after-milliseconds {NAME} {DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {NAME} 10000\n"
+            )
+            with open(self._dir / f"sentinel-{port}.log", "ab") as log:
+                self._sentinels.append(
+                    subprocess.Popen(
+                        [redis_server_binary(), str(config), "--sentinel"],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        self._wait(self._sentinels_agree)
+        return self
+
+    def master(self) -> LocalRedis:
+        """The node the sentinels name as master now."""
+        port = self.master_port()
+        return next(node for node in self.nodes if node.port == port)
+
+    def master_port(self) -> int:
+        with self._sentinel(self.sentinel_ports[0]) as sentinel:
+            _, port = sentinel.sentinel_get_master_addr_by_name(NAME)
+        return int(port)
+
+    def failover(self) -> None:
+        """A graceful failover (``SENTINEL FAILOVER``): the replica is promoted once it has
+        everything, and the old master becomes its replica. Returns when the new master
+        takes writes."""
+        old = self.master_port()
+        with self._sentinel(self.sentinel_ports[0]) as sentinel:
+            sentinel.execute_command("SENTINEL FAILOVER", NAME)
+        self._wait_for_new_master(old)
+
+    def kill_master(self) -> None:
+        """SIGKILLs the master and returns once the sentinels have promoted the replica."""
+        old = self.master()
+        old.crash()
+        self._wait_for_new_master(old.port)
+
+    def stop(self) -> None:
+        for sentinel in self._sentinels:
+            sentinel.terminate()
+        for sentinel in self._sentinels:
+            try:
+                sentinel.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                sentinel.kill()
+                sentinel.wait()
+        for node in self.nodes:
+            node.stop()
+
+    def _wait_for_new_master(self, old_port: int) -> None:
+        def promoted() -> bool:
+            port = self.master_port()
+            if port == old_port:
+                return False
+            return self._replication(self.master()).get("role") == "master"
+
+        self._wait(promoted)
+
+    def _sentinels_agree(self) -> bool:
+        """Every sentinel sees the replica and the two other sentinels."""
+        for port in self.sentinel_ports:
+            with self._sentinel(port) as sentinel:
+                try:
+                    replicas = sentinel.execute_command("SENTINEL REPLICAS", NAME)
+                    others = sentinel.execute_command("SENTINEL SENTINELS", NAME)
+                except redis.RedisError:
+                    return False
+            if len(replicas) < 1 or len(others) < len(self.sentinel_ports) - 1:
+                return False
+        return True
+
+    @staticmethod
+    def _replication(node: LocalRedis) -> dict[str, object]:
+        client = redis.Redis(port=node.port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return dict(client.info("replication"))
+        except redis.RedisError:
+            return {}
+        finally:
+            client.close()
+
+    @staticmethod
+    def _sentinel(port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
+
+    @staticmethod
+    def _wait(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while not condition():
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable("the Sentinel group did not settle")
+            time.sleep(0.05)
+
+    def __enter__(self) -> SentinelGroup:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
