@@ -8,6 +8,8 @@ wheel) is 6.2; Debian 12's ``redis-server`` is 7.0. Both are tested.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.asyncio.sentinel
 import redis.sentinel
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
@@ -36,7 +39,9 @@ def connect(settings: Settings, *, retry: Retry | None = None) -> redis.Redis:
     options = client_options(settings, retry)
     if settings.redis_sentinel_master:
         sentinels = sentinel_group(settings, redis.sentinel.Sentinel)
-        master = sentinels.master_for(settings.redis_sentinel_master, **options)  # type: ignore[no-untyped-call]
+        master = sentinels.master_for(  # type: ignore[no-untyped-call]
+            settings.redis_sentinel_master, connection_pool_class=MasterFollowingPool, **options
+        )
         return cast(redis.Redis, master)
     return redis.Redis.from_url(settings.redis_url.get_secret_value(), **options)
 
@@ -60,6 +65,56 @@ def sentinel_options(settings: Settings) -> dict[str, Any]:
     if settings.redis_sentinel_password is not None:
         options["password"] = settings.redis_sentinel_password.get_secret_value()
     return options
+
+
+# How often a Sentinel client asks the sentinels which host is master (see MasterCheck).
+MASTER_CHECK_S = 0.25
+
+
+class MasterCheck:
+    """When a Sentinel pool asks the sentinels again which host is master: at most every
+    ``MASTER_CHECK_S``. redis-py asks only when it opens a connection, and after a
+    ``SENTINEL FAILOVER`` the old master takes writes for ~10 s more, until the sentinels
+    demote it and it drops them all. Once asked, the pool drops its idle connections to
+    any other host at once and the busy ones when they come back."""
+
+    def __init__(self) -> None:
+        self._next_at = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_at:
+            return False
+        self._next_at = now + MASTER_CHECK_S
+        return True
+
+
+class MasterFollowingPool(redis.sentinel.SentinelConnectionPool):
+    """A Sentinel pool that follows the master within ``MASTER_CHECK_S``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._check = MasterCheck()
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._check.due():
+            with contextlib.suppress(redis.ConnectionError):  # no master now: the call says so
+                self.get_master_address()  # type: ignore[no-untyped-call]
+        return super().get_connection(*args, **kwargs)
+
+
+class AsyncMasterFollowingPool(redis.asyncio.sentinel.SentinelConnectionPool):
+    """``MasterFollowingPool`` for asyncio clients."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._check = MasterCheck()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._check.due():
+            with contextlib.suppress(redis.ConnectionError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 SentinelGroup = TypeVar("SentinelGroup")

@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 
 from config import lua
 from config.connection import (
+    AsyncMasterFollowingPool,
     ReplicaWait,
     broker_errors,
     client_options,
@@ -58,7 +59,12 @@ def connect_async(settings: Settings) -> aioredis.Redis:
     options = client_options(settings, single_try_async())
     if settings.redis_sentinel_master:
         sentinels = sentinel_group(settings, aioredis.sentinel.Sentinel)
-        return cast(aioredis.Redis, sentinels.master_for(settings.redis_sentinel_master, **options))
+        master = sentinels.master_for(
+            settings.redis_sentinel_master,
+            connection_pool_class=AsyncMasterFollowingPool,
+            **options,
+        )
+        return cast(aioredis.Redis, master)
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url.get_secret_value(),
         max_connections=MAX_CONNECTIONS,

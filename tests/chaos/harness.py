@@ -130,7 +130,8 @@ class WriteObserver:
 
 class ChaosFleet:
     """A private Redis (or, with ``sentinel``, a Sentinel group: ``group``), the processes of
-    a fleet serving the ledger model, and an observer of each Redis node's writes."""
+    a fleet serving the ledger model (its writes waiting for ``wait_replicas`` replicas), and
+    an observer of each Redis node's writes."""
 
     def __init__(
         self,
@@ -139,6 +140,7 @@ class ChaosFleet:
         policy: dict[str, Any] | None = None,
         model_options: dict[str, Any] | None = None,
         sentinel: bool = False,
+        wait_replicas: int = 0,
         **env: str,
     ) -> None:
         events = ("--notify-keyspace-events", "E$", *redis_args)
@@ -147,6 +149,8 @@ class ChaosFleet:
         where: dict[str, str] = {"redis_url": self.redis.url}
         if self.group is not None:
             where = {"redis_url": self.group.url, "redis_sentinel_master": SENTINEL_NAME}
+        if wait_replicas:
+            where["redis_wait_replicas"] = str(wait_replicas)
         self.executions_path = str(folder / "executions.log")
         model = {
             "backend": "tests.chaos.ledger_model:LedgerModel",
@@ -182,13 +186,13 @@ class ChaosFleet:
         return self
 
     def writes(self) -> Counter[str]:
-        """Writes of each request's result, as the observers counted them: on a Sentinel group
-        the most any one node saw (a replica sees its master's writes too), so a write lost
-        with a killed master can hide a duplicate, never invent one."""
-        counted: Counter[str] = Counter()
-        for observer in self.observers:
-            counted |= observer.writes
-        return counted
+        """Writes of each request's result, as the observer of the Redis that holds the data
+        now counted them: on a Sentinel group, the master's (a replica sees its master's
+        writes too, and writes the sentinels' failover took back never reach it)."""
+        if self.group is None:
+            return self.observers[0].writes
+        master = self.group.master()
+        return self.observers[self.group.nodes.index(master)].writes
 
     def close(self) -> None:
         self._closing.set()
@@ -363,3 +367,45 @@ def load_running(
         load = Background(lambda: ledger.open_loop(producer, rate, seconds))
         yield producer, load
         load.join()
+
+
+OUTLASTS_ANY_FAULT_S = 120
+
+
+class Waiter:
+    """A caller blocked in a thread on some requests' results, with a timeout longer than any
+    fault here; ``outcome`` is what it ended with: the outputs by id, or the error."""
+
+    def __init__(self, producer: Producer, request_ids: list[str]) -> None:
+        self._outcome: dict[str, object] | BatchfleetError = {}
+        self._done = Background(lambda: self._wait(producer, request_ids))
+
+    def _wait(self, producer: Producer, request_ids: list[str]) -> None:
+        try:
+            results = producer.results(request_ids, timeout_s=OUTLASTS_ANY_FAULT_S)
+            self._outcome = {result.request_id: result.unwrap() for result in results}
+        except BatchfleetError as exc:
+            self._outcome = exc
+
+    def outcome(self) -> dict[str, object] | BatchfleetError:
+        self._done.join(timeout_s=OUTLASTS_ANY_FAULT_S + 30)
+        return self._outcome
+
+
+class Callers:
+    """Callers waiting while the fault strikes: ten requests that take a moment each
+    (``stall_s``), one caller per request and one for all ten."""
+
+    def __init__(self, producer: Producer, ledger: Ledger) -> None:
+        self.ids = [ledger.send_new(producer, stall_s=0.5) for _ in range(10)]
+        self.expected = {i: {"echo": ledger.accepted[i]} for i in self.ids}
+        self.waiters = [Waiter(producer, [request_id]) for request_id in self.ids]
+        self.waiters.append(Waiter(producer, self.ids))
+
+    def outcomes(self) -> list[dict[str, object] | BatchfleetError]:
+        return [waiter.outcome() for waiter in self.waiters]
+
+    def all_answered(self) -> bool:
+        """Whether every caller got every one of its answers, right, with no exception."""
+        wanted = [{i: self.expected[i]} for i in self.ids] + [self.expected]
+        return self.outcomes() == wanted

@@ -3,11 +3,13 @@
 
 ``url`` is what the fleet is given (kombu's ``sentinel://`` form, with ``NAME`` as the
 master's name); ``failover()`` asks the sentinels for a graceful failover, ``kill_master()``
-SIGKILLs the master and waits until the sentinels have promoted the replica.
+SIGKILLs the master and waits until the sentinels have promoted the replica, ``rejoin()``
+restarts the killed node as the new master's replica.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 import time
@@ -81,11 +83,23 @@ class SentinelGroup:
             sentinel.execute_command("SENTINEL FAILOVER", NAME)
         self._wait_for_new_master(old)
 
-    def kill_master(self) -> None:
-        """SIGKILLs the master and returns once the sentinels have promoted the replica."""
+    def kill_master(self) -> LocalRedis:
+        """SIGKILLs the master and returns it once the sentinels have promoted the replica."""
         old = self.master()
         old.crash()
         self._wait_for_new_master(old.port)
+        return old
+
+    def rejoin(self, node: LocalRedis) -> None:
+        """Restarts a killed node as a replica of the master, as its supervisor would, and
+        returns once it has caught up."""
+        node.start()
+        client = redis.Redis(port=node.port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            client.replicaof("127.0.0.1", self.master_port())
+        finally:
+            client.close()
+        self._wait(lambda: self._replication(node).get("master_link_status") == "up")
 
     def stop(self) -> None:
         for sentinel in self._sentinels:
@@ -98,6 +112,7 @@ class SentinelGroup:
                 sentinel.wait()
         for node in self.nodes:
             node.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _wait_for_new_master(self, old_port: int) -> None:
         def promoted() -> bool:

@@ -10,9 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from config.errors import BatchfleetError, UnknownRequest
-from producer.client import Producer
-from tests.chaos.harness import Background, ChaosFleet, load_running, wait_until
+from config.errors import UnknownRequest
+from tests.chaos.harness import Callers, ChaosFleet, Waiter, load_running, wait_until
 from tests.chaos.ledger import Ledger, LedgerReport, assert_nothing_lost
 
 MakeFleet = Callable[..., ChaosFleet]
@@ -21,48 +20,6 @@ Record = Callable[[LedgerReport], LedgerReport]
 
 def aof(fsync: str) -> tuple[str, ...]:
     return ("--appendonly", "yes", "--appendfsync", fsync)
-
-
-OUTLASTS_ANY_FAULT_S = 120
-
-
-class Waiter:
-    """A caller blocked in a thread on some requests' results, with a timeout longer than any
-    fault here; ``outcome`` is what it ended with: the outputs by id, or the error."""
-
-    def __init__(self, producer: Producer, request_ids: list[str]) -> None:
-        self._outcome: dict[str, object] | BatchfleetError = {}
-        self._done = Background(lambda: self._wait(producer, request_ids))
-
-    def _wait(self, producer: Producer, request_ids: list[str]) -> None:
-        try:
-            results = producer.results(request_ids, timeout_s=OUTLASTS_ANY_FAULT_S)
-            self._outcome = {result.request_id: result.unwrap() for result in results}
-        except BatchfleetError as exc:
-            self._outcome = exc
-
-    def outcome(self) -> dict[str, object] | BatchfleetError:
-        self._done.join(timeout_s=OUTLASTS_ANY_FAULT_S + 30)
-        return self._outcome
-
-
-class Callers:
-    """Callers waiting while the fault strikes: ten requests that take a moment each
-    (``stall_s``), one caller per request and one for all ten."""
-
-    def __init__(self, producer: Producer, ledger: Ledger) -> None:
-        self.ids = [ledger.send_new(producer, stall_s=0.5) for _ in range(10)]
-        self.expected = {i: {"echo": ledger.accepted[i]} for i in self.ids}
-        self.waiters = [Waiter(producer, [request_id]) for request_id in self.ids]
-        self.waiters.append(Waiter(producer, self.ids))
-
-    def outcomes(self) -> list[dict[str, object] | BatchfleetError]:
-        return [waiter.outcome() for waiter in self.waiters]
-
-    def all_answered(self) -> bool:
-        """Whether every caller got every one of its answers, right, with no exception."""
-        wanted = [{i: self.expected[i]} for i in self.ids] + [self.expected]
-        return self.outcomes() == wanted
 
 
 def kill_redis_under_load(fleet: ChaosFleet, ledger: Ledger) -> Callers:
