@@ -117,10 +117,10 @@ class AsyncMasterFollowingPool(redis.asyncio.sentinel.SentinelConnectionPool):
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
-SentinelGroup = TypeVar("SentinelGroup")
+SentinelT = TypeVar("SentinelT")
 
 
-def sentinel_group(settings: Settings, sentinel: Callable[..., SentinelGroup]) -> SentinelGroup:
+def sentinel_group(settings: Settings, sentinel: Callable[..., SentinelT]) -> SentinelT:
     """``sentinel`` (redis-py's ``Sentinel``, sync or asyncio) over the sentinels a
     ``sentinel://`` URL names, with the master's credentials and database from it."""
     parts = [urlsplit(part) for part in settings.redis_url.get_secret_value().split(";")]

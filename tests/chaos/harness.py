@@ -38,10 +38,10 @@ from config.settings import Settings, load_settings
 from producer.client import Producer
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
-from tests.chaos.sentinel_group import NAME as SENTINEL_NAME
-from tests.chaos.sentinel_group import SentinelGroup
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
+from workers.local.sentinel_group import NAME as SENTINEL_NAME
+from workers.local.sentinel_group import SentinelGroup
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import to_text
 

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
+from config.connection import connect
 from config.errors import BatchfleetError
 from config.settings import Settings, load_settings
 from producer.client import Producer
@@ -72,7 +71,7 @@ def private_fleet(
                 wait_until_serving(settings, processes)
                 yield PrivateFleet(settings, processes, url)
         finally:
-            forget_keys(url, prefix)
+            forget_keys(settings)
 
 
 def wait_until_serving(settings: Settings, processes: LocalFleet) -> None:
@@ -86,10 +85,11 @@ def wait_until_serving(settings: Settings, processes: LocalFleet) -> None:
             raise BatchfleetError(f"the fleet did not start: {exc}") from exc
 
 
-def forget_keys(url: str, prefix: str) -> None:
+def forget_keys(settings: Settings) -> None:
     """Deletes a run's keys from Redis: requests, results, and what Celery's transport keeps
     for its queues, events and remote control (exchanges named after the prefix), including
     the run's exchanges in the transport's one shared key."""
+    prefix = settings.key_prefix
     exchanges = (f"{prefix}.", f"reply.{prefix}.")
     patterns = [f"{prefix}:*", f"{prefix}.*"]
     patterns += [
@@ -97,7 +97,7 @@ def forget_keys(url: str, prefix: str) -> None:
         for table in ("binding", "binding_permanent")
         for exchange in exchanges
     ]
-    client = redis.Redis.from_url(url)
+    client = connect(settings)
     try:
         for pattern in patterns:
             for key in client.scan_iter(match=pattern, count=1000):
