@@ -183,9 +183,7 @@ class Producer:
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
         keys, args = self._core.admit_call([prepared])
-        (reply,) = call_until(
-            self._core.submit_deadline(), partial(self._write, self._admit, keys, args)
-        )
+        (reply,) = self._admitted(self._admit, keys, args)
         self._core.check_admission(prepared, reply)
         self._core.submitted([prepared.request_id])
         return prepared.request_id
@@ -223,9 +221,7 @@ class Producer:
         for chunk in self._core.admission_chunks(prepared):
             keys, args = self._core.admit_call(chunk)
             try:
-                replies = call_until(
-                    self._core.submit_deadline(), partial(self._write, self._admit, keys, args)
-                )
+                replies = self._admitted(self._admit, keys, args)
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
@@ -292,9 +288,7 @@ class Producer:
         ids = None if request_id is None else [request_id]
         (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
         keys, args = self._core.stream_call(prepared)
-        reply = call_until(
-            self._core.submit_deadline(), partial(self._write, self._stream_admit, keys, args)
-        )
+        reply = self._admitted(self._stream_admit, keys, args)
         self._core.check_admission(prepared, reply)
         return self._chunks(prepared.request_id, prepared.request.deadline_at)
 

@@ -33,12 +33,11 @@ local statuses, counts, entries, pushes, samples = {}, {}, {}, {}, {}
 for n = 1, answers do
   local digest = arg(n, DIGEST)
   local record = redis.call('GET', key(n, RECORD_KEY))
-  local inboxes = false
   if digest ~= '' and (not record or string.sub(record, 1, #digest) ~= digest) then
     statuses[n] = 'stale'
   else
     local result, ttl_ms = arg(n, RESULT), arg(n, TTL_MS)
-    inboxes = publish_answer(key(n, RESULT_KEY), key(n, RECORD_KEY), key(n, WAITERS_KEY), result, ttl_ms)
+    local inboxes = publish_answer(key(n, RESULT_KEY), key(n, RECORD_KEY), key(n, WAITERS_KEY), result, ttl_ms)
     if inboxes then
       statuses[n] = 'written'
       counts[arg(n, ANSWER_FIELD)] = (counts[arg(n, ANSWER_FIELD)] or 0) + 1

@@ -133,7 +133,7 @@ class ResultWriter:
         if self._cache_ttl_ms is not None and answers:
             # Cached before the answers are published: a caller who sends the same input
             # again the moment its answer arrives finds it in the cache.
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self.pipeline()
             self._cache_outputs(pipe, answers)
             pipe.execute()
         statuses = []
