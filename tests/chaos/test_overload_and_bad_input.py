@@ -35,6 +35,7 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError(f"no RSS for {pid}")
 
 
+@pytest.mark.long
 def test_a_flood_at_ten_times_capacity_is_refused_fast_and_memory_stays_flat(
     chaos_fleet: MakeFleet, record: Record
 ) -> None:

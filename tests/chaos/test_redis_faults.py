@@ -116,7 +116,7 @@ def test_redis_restarted_without_persistence_strands_no_caller(
     assert all(process.poll() is None for process in fleet.processes.processes)
 
 
-@pytest.mark.parametrize("frozen_s", [10, 30])
+@pytest.mark.parametrize("frozen_s", [10, pytest.param(30, marks=pytest.mark.long)])
 def test_redis_frozen_writes_no_result_twice(
     chaos_fleet: MakeFleet, record: Record, frozen_s: float
 ) -> None:
