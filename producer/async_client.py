@@ -17,14 +17,7 @@ import redis.asyncio.sentinel
 from redis.commands.core import AsyncScript
 
 from config import lua
-from config.connection import (
-    AsyncMasterFollowingPool,
-    ReplicaWait,
-    broker_errors,
-    client_options,
-    is_outage,
-    sentinel_group,
-)
+from config.connection import broker_errors, client_options, is_outage
 from config.errors import (
     BatchfleetError,
     BrokerUnavailable,
@@ -33,7 +26,9 @@ from config.errors import (
     ResultTimeout,
     UnknownRequest,
 )
+from config.replica_wait import ReplicaWait
 from config.schema import Result
+from config.sentinel import AsyncMasterFollowingPool, sentinel_group
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
     INBOX_DRAIN,

@@ -17,7 +17,7 @@ import redis
 from redis.commands.core import Script
 
 from config import lua
-from config.connection import ReplicaWait, broker_errors, connect, is_outage
+from config.connection import broker_errors, connect, is_outage
 from config.errors import (
     BatchfleetError,
     BrokerUnavailable,
@@ -25,6 +25,7 @@ from config.errors import (
     RequestRejected,
     ResultTimeout,
 )
+from config.replica_wait import ReplicaWait
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (

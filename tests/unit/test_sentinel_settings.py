@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from config.connection import connect, sentinel_group
+from config.connection import connect
 from config.errors import ConfigError
+from config.sentinel import sentinel_group
 from config.settings import Settings, load_settings
 from workers.protocol.broker_transport import SentinelTransport
 from workers.protocol.celery_app import make_celery_app

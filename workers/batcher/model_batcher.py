@@ -22,9 +22,10 @@ from kombu.exceptions import OperationalError
 
 from config import lua
 from config.batch_task import RUN_BATCH_TASK, BatchTask
-from config.connection import REDIS_RETRY_PAUSE_S, ReplicaWait, connect
+from config.connection import REDIS_RETRY_PAUSE_S, connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
+from config.replica_wait import ReplicaWait
 from config.schema import PRIORITY_RANK
 from config.settings import Settings
 from workers.batcher.metrics import batcher_registry

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
-from config.connection import sentinel_options
 from config.keys import Keys
+from config.sentinel import sentinel_options
 from config.settings import SENTINEL_SCHEME, Settings
 from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
 

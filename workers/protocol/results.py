@@ -18,9 +18,9 @@ import redis
 from redis.client import Pipeline
 
 from config import lua, stats_fields
-from config.connection import ReplicaWait
 from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
+from config.replica_wait import ReplicaWait
 from config.schema import ErrorCode, ErrorInfo, Request, Result, cache_entry, canonical_json
 
 DEAD_LETTER_MAXLEN = 10_000

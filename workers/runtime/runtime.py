@@ -13,8 +13,9 @@ from typing import Any
 import redis
 
 from config.batch_task import BatchTask
-from config.connection import ReplicaWait, connect
+from config.connection import connect
 from config.keys import Keys, device_consumer, worker_consumer
+from config.replica_wait import ReplicaWait
 from config.settings import Settings
 from workers.models.base import Model
 from workers.models.registry import build_model

@@ -25,9 +25,10 @@ from typing import Any
 
 import redis
 
-from config.connection import REDIS_RETRY_PAUSE_S, ReplicaWait
+from config.connection import REDIS_RETRY_PAUSE_S
 from config.errors import WireFormatError
 from config.keys import STREAM_GROUP, Keys
+from config.replica_wait import ReplicaWait
 from config.schema import ErrorCode, Request, Result
 from config.settings import Settings
 from config.stream_chunks import encode_chunk, error_chunk, last_chunk
