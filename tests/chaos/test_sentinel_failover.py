@@ -38,7 +38,9 @@ def test_a_failover_under_load_answers_every_accepted_request_once(
         wait_until(lambda: len(ledger.accepted) > 150)
         callers = Callers(producer, ledger)
         if unplanned:
-            fleet.group.rejoin(fleet.group.kill_master())
+            killed = fleet.group.kill_master()
+            if wait_replicas:  # writes wait for a replica: the killed node must come back
+                fleet.group.rejoin(killed)
         else:
             fleet.group.failover()
         load.join()

@@ -9,6 +9,7 @@ restarts the killed node as the new master's replica.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -92,14 +93,30 @@ class SentinelGroup:
 
     def rejoin(self, node: LocalRedis) -> None:
         """Restarts a killed node as a replica of the master, as its supervisor would, and
-        returns once it has caught up."""
+        returns once it has caught up (asking it again to follow the master while it has not:
+        the sentinels may reconfigure it meanwhile).
+
+        Raises:
+            BrokerUnavailable: it did not catch up within a minute; says what it reported.
+        """
         node.start()
-        client = redis.Redis(port=node.port, socket_timeout=1, socket_connect_timeout=1)
+
+        def caught_up() -> bool:
+            replication = self._replication(node)
+            if replication.get("master_link_status") == "up":
+                return True
+            if replication.get("master_port") != self.master_port():
+                client = redis.Redis(port=node.port, socket_timeout=1, socket_connect_timeout=1)
+                with contextlib.suppress(redis.RedisError):
+                    client.replicaof("127.0.0.1", self.master_port())
+                client.close()
+            return False
+
         try:
-            client.replicaof("127.0.0.1", self.master_port())
-        finally:
-            client.close()
-        self._wait(lambda: self._replication(node).get("master_link_status") == "up")
+            self._wait(caught_up)
+        except BrokerUnavailable as exc:
+            report = self._replication(node)
+            raise BrokerUnavailable(f"{exc}: the rejoined node reports {report}") from exc
 
     def stop(self) -> None:
         for sentinel in self._sentinels:
