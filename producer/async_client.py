@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from functools import partial
 from time import monotonic
@@ -40,7 +39,7 @@ from producer.admission import (
     read_inbox,
 )
 from producer.client import LISTEN_BLOCK_S
-from producer.outages import Patience, call_until_async, single_try_async
+from producer.outages import Backoff, call_until_async, single_try_async
 from producer.turn_batches import TurnBatch
 from producer.waiters import Arrival, Reconnected, ResultQueue, ResultWait, Waiters
 
@@ -98,7 +97,7 @@ class AsyncInboxListener:
         await self._client.aclose()
 
     async def _run(self) -> None:
-        away: Patience | None = None  # set while Redis cannot be reached
+        away: Backoff | None = None  # set while Redis cannot be reached
         while not self._closed:
             popped: list[Any] = []
             try:
@@ -117,8 +116,8 @@ class AsyncInboxListener:
                 self._waiters.deliver(read_inbox(popped))
                 if not is_outage(exc):
                     self._waiters.fail_all(RedisAccessDenied(f"Redis refused the inbox: {exc}"))
-                away = away or Patience(deadline=math.inf)
-                await asyncio.sleep(away.next_pause_s() or 0)
+                away = away or Backoff()
+                await asyncio.sleep(away.next_pause_s())
                 continue
             self._waiters.deliver(read_inbox(popped))
 
@@ -334,7 +333,7 @@ class AsyncProducer:
         self._core.check_admission(prepared, admitted)
         request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
         reader = StreamReader(self._core.keys, request_id, deadline_at)
-        away: Patience | None = None  # set while Redis cannot be reached
+        away: Backoff | None = None  # set while Redis cannot be reached
         try:
             while not reader.finished:
                 block_ms = reader.block_ms()
@@ -345,8 +344,8 @@ class AsyncProducer:
                         # Nothing came: answered without a last chunk for us (cancelled)?
                         raw = None if reply else await self._client.get(reader.result_key)
                 except BrokerUnavailable:
-                    away = away or Patience(deadline=math.inf)
-                    await asyncio.sleep(away.next_pause_s() or 0)
+                    away = away or Backoff()
+                    await asyncio.sleep(away.next_pause_s())
                     continue
                 if away is not None:
                     away = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,7 +36,7 @@ from producer.admission import (
     chunks,
     read_inbox,
 )
-from producer.outages import Patience, call_until, single_try
+from producer.outages import Backoff, call_until, single_try
 from producer.waiters import Arrival, Reconnected, ResultQueue, ResultWait, Waiters
 
 LISTEN_BLOCK_S = 1
@@ -79,7 +78,7 @@ class InboxListener:
         self._client.close()
 
     def _run(self) -> None:
-        away: Patience | None = None  # set while Redis cannot be reached
+        away: Backoff | None = None  # set while Redis cannot be reached
         while not self._closed.is_set():
             popped: list[Any] = []
             try:
@@ -99,8 +98,8 @@ class InboxListener:
                 self._waiters.deliver(read_inbox(popped))
                 if not is_outage(exc):
                     self._waiters.fail_all(RedisAccessDenied(f"Redis refused the inbox: {exc}"))
-                away = away or Patience(deadline=math.inf)
-                self._closed.wait(away.next_pause_s() or 0)
+                away = away or Backoff()
+                self._closed.wait(away.next_pause_s())
                 continue
             self._waiters.deliver(read_inbox(popped))
 
@@ -295,7 +294,7 @@ class Producer:
 
     def _chunks(self, request_id: str, deadline_at: float) -> Iterator[dict[str, Any]]:
         reader = StreamReader(self._core.keys, request_id, deadline_at)
-        away: Patience | None = None  # set while Redis cannot be reached
+        away: Backoff | None = None  # set while Redis cannot be reached
         try:
             while not reader.finished:
                 block_ms = reader.block_ms()
@@ -306,8 +305,8 @@ class Producer:
                         # Nothing came: answered without a last chunk for us (cancelled)?
                         raw = None if reply else self._client.get(reader.result_key)
                 except BrokerUnavailable:
-                    away = away or Patience(deadline=math.inf)
-                    time.sleep(away.next_pause_s() or 0)
+                    away = away or Backoff()
+                    time.sleep(away.next_pause_s())
                     continue
                 if away is not None:
                     away = None

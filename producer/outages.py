@@ -40,22 +40,32 @@ def single_try_async() -> AsyncRetry:
     return AsyncRetry(ExponentialWithJitterBackoff(), 0)
 
 
+class Backoff:
+    """How long to pause after each failed try: exponential backoff with jitter, from 50 ms up
+    to 2 s, for as long as it takes (a loop that lives as long as its producer)."""
+
+    def __init__(self) -> None:
+        self._failures = 0
+        self._backoff = ExponentialWithJitterBackoff(base=FIRST_PAUSE_S, cap=LONGEST_PAUSE_S)
+
+    def next_pause_s(self) -> float:
+        self._failures += 1
+        return float(self._backoff.compute(self._failures))
+
+
 class Patience:
-    """How long to pause after each failed try, never past ``deadline`` (``time.monotonic``):
-    exponential backoff with jitter, from 50 ms up to 2 s."""
+    """``Backoff`` that never pauses past ``deadline`` (``time.monotonic``)."""
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self._failures = 0
-        self._backoff = ExponentialWithJitterBackoff(base=FIRST_PAUSE_S, cap=LONGEST_PAUSE_S)
+        self._backoff = Backoff()
 
     def next_pause_s(self) -> float | None:
         """The pause before the next try; None once the deadline has passed."""
         left_s = self.deadline - time.monotonic()
         if left_s <= 0:
             return None
-        self._failures += 1
-        return min(self._backoff.compute(self._failures), left_s)
+        return min(self._backoff.next_pause_s(), left_s)
 
 
 def call_until(deadline: float, call: Callable[[], T]) -> T:

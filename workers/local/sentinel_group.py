@@ -33,10 +33,9 @@ class SentinelGroup:
     """Two ``redis-server`` nodes (``extra_args`` for both) and three sentinels watching them."""
 
     def __init__(self, *extra_args: str) -> None:
-        self.nodes = [LocalRedis(*extra_args)]
-        self.nodes.append(
-            LocalRedis(*extra_args, "--replicaof", "127.0.0.1", str(self.nodes[0].port))
-        )
+        master = LocalRedis(*extra_args)
+        replica = LocalRedis(*extra_args, "--replicaof", "127.0.0.1", str(master.port))
+        self.nodes = [master, replica]
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.url = ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports) + "/0"
         self._dir = Path(tempfile.mkdtemp(prefix="batchfleet-sentinels-"))
@@ -105,10 +104,11 @@ class SentinelGroup:
             replication = self._replication(node)
             if replication.get("master_link_status") == "up":
                 return True
-            if replication.get("master_port") != self.master_port():
+            master_port = self.master_port()
+            if replication.get("master_port") != master_port:
                 client = redis.Redis(port=node.port, socket_timeout=1, socket_connect_timeout=1)
                 with contextlib.suppress(redis.RedisError):
-                    client.replicaof("127.0.0.1", self.master_port())
+                    client.replicaof("127.0.0.1", master_port)
                 client.close()
             return False
 

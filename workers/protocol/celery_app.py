@@ -29,8 +29,9 @@ def make_celery_app(settings: Settings) -> Celery:
     keys = Keys(settings.key_prefix)
     worker = settings.worker
     url = broker_url(settings)
+    scheme = urlsplit(url).scheme
     transport_options: dict[str, object] = {}
-    if urlsplit(url).scheme in REDIS_SCHEMES:
+    if scheme in REDIS_SCHEMES:
         transport_options = {
             "visibility_timeout": worker.visibility_timeout_s,
             "socket_timeout": settings.redis_socket_timeout_s,
@@ -38,7 +39,7 @@ def make_celery_app(settings: Settings) -> Celery:
             "socket_keepalive": True,
             "health_check_interval": 10,
         }
-    if urlsplit(url).scheme == SENTINEL_SCHEME:
+    if scheme == SENTINEL_SCHEME:
         transport_options["master_name"] = settings.redis_sentinel_master
         transport_options["sentinel_kwargs"] = sentinel_options(settings)
     app = Celery("batchfleet", broker=url, set_as_current=False)

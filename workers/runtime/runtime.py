@@ -61,6 +61,7 @@ class WorkerRuntime:
         self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
         self.keys = Keys(settings.key_prefix)
         self.client = client or connect(settings)
+        self._replica_wait = ReplicaWait.of(settings)
         self.consumer = worker_consumer(hostname)
         self.member = worker_member(hostname, settings.worker.slots)
         self.device = Device(settings, self.client, self.gpu, self._new_device_consumer())
@@ -134,7 +135,7 @@ class WorkerRuntime:
                 self.keys,
                 task.model,
                 policy.cache_ttl_s,
-                ReplicaWait.of(self.settings),
+                self._replica_wait,
             ),
             state=FleetState(self.client, self.keys, task.model),
             ttl_s=policy.result_ttl_s,
