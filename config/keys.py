@@ -1,56 +1,67 @@
 """Every Redis key and Celery queue name batchfleet uses; no other module builds one.
 
 All keys share one prefix (``Settings.key_prefix``, default ``bf``) and ``:`` as separator.
+Everything about one model, its requests included, shares the hash tag ``{m:MODEL}``: on
+Redis Cluster each model lives in one hash slot, so every script call (each touches one
+model) runs on one node, and different models spread over the cluster. A request is found
+by its id alone through the fleet-wide index ``bf:model_of:ID``, the one request key
+outside its model's slot.
+
+``M`` below stands for ``bf:{m:MODEL}``.
 
 ==========================  ======  ========================  =================  ===============
 key                         type    writer                    reader             TTL
 ==========================  ======  ========================  =================  ===============
-``bf:m:{model}:requests``   stream  producer (admission)      batcher (group)    none; entries
+``M:requests``              stream  producer (admission)      batcher (group)    none; entries
                                                                                  XDEL'd when final
-``bf:m:{model}:inflight``   zset    batcher ZADD, worker ZREM batcher            pruned after
+``M:inflight``              zset    batcher ZADD, worker ZREM batcher            pruned after
                                                                                  the lease
-``bf:m:{model}:inflight_``  hash    worker (start, done)      batcher            with inflight
-``owners``                  batch→
+``M:inflight_owners``       hash    worker (start, done)      batcher            with inflight
+                            batch→
                             worker
-``bf:m:{model}:slot_free``  list    worker (LPUSH)            batcher (BLPOP)    the lease
-``bf:m:{model}:workers``    zset    worker (heartbeat)        batcher            pruned by score
-``bf:m:{model}:attempts``   hash    batcher (reclaim)         batcher            fields HDEL'd
+``M:slot_free``             list    worker (LPUSH)            batcher (BLPOP)    the lease
+``M:workers``               zset    worker (heartbeat)        batcher            pruned by score
+``M:devices``               zset    worker (heartbeat)        worker             pruned by score
+``M:attempts``              hash    batcher (reclaim)         batcher            fields HDEL'd
                                                                                  when final
-``bf:m:{model}:stats``      hash    producer, worker,         metrics, top       none
+``M:stats``                 hash    producer, worker,         metrics, top       none
                             batcher (counts)
-``bf:m:{model}:model_time`` hash    worker (heartbeat)        batcher            none
-``bf:m:{model}:latency``    list    worker (finalize)         top                none; capped at
+``M:model_time``            hash    worker (heartbeat)        batcher            none
+``M:latency``               list    worker (finalize)         top                none; capped at
                                                                                  2,000 items
-``bf:m:{model}:batch_cap``  string  worker (out of memory)    batcher, worker    none; DEL'd
+``M:batch_cap``             string  worker (out of memory)    batcher, worker    none; DEL'd
                                                                                  when back to max
-``bf:m:{model}:dead``       stream  batcher, worker (poison)  the operator       none; capped
+``M:dead``                  stream  batcher, worker (poison)  the operator       none; capped
                                                                                  near 10,000
-``bf:devices``              zset    worker (heartbeat)        worker             pruned by score
+``M:version``               string  worker (model load)       producer           none
+``M:c:{digest}``            string  worker (answer written)   producer           cache_ttl_s
+                            version+
+                            output
+``M:stream_lane``           stream  producer (stream)         worker (streamers) entries XDEL'd
+``M:chunks:{request_id}``   stream  worker (streaming)        producer           result_ttl_s
+``M:r:{request_id}``        string  producer (admission)      producer, worker   timeout + result
+                                                                                 TTL; result TTL
+                                                                                 once final
+``M:w:{request_id}``        set     producer (waiting)        worker (finalize)  as ``M:r:…``
+``M:res:{request_id}``      string  worker, batcher           producer           result_ttl_s
+``M:inbox:{producer_id}``   list    worker, batcher           producer (BLPOP)   result_ttl_s
+``bf:model_of:{request_id}`` string producer (admission)      producer           record's TTL +
+                            model                                                result TTL
 ``bf:node:{hostname}``      hash    worker (heartbeat)        top, the operator  3 heartbeats
 ``bf:gpuclaim:{gpu uuid}``  string  worker (--gpu auto)       worker             3 heartbeats
-``bf:m:{model}:version``    string  worker (model load)       producer           none
 ``bf:policies``             hash    batcher (start)           producer           none
                             model→
                             policy
-``bf:c:{model}:{digest}``   string  worker (answer written)   producer           cache_ttl_s
-                            version+
-                            output
-``bf:m:{model}:stream_lane`` stream producer (stream)       worker (streamers) entries XDEL'd
-``bf:chunks:{request_id}``  stream  worker (streaming)        producer           result_ttl_s
-``bf:r:{request_id}``       string  producer (admission)      producer, worker   timeout + result
-                                                                                 TTL; result TTL
-                                                                                 once final
-``bf:w:{request_id}``       set     producer (waiting)        worker (finalize)  as ``bf:r:…``
-``bf:res:{request_id}``     string  worker, batcher           producer           result_ttl_s
-``bf:inbox:{producer_id}``  list    worker, batcher           producer (BLPOP)   result_ttl_s
 ==========================  ======  ========================  =================  ===============
 
-``bf:r`` holds the request's digest (model and input), and while it is queued its stream
-entry and model (``digest:entry:model``), ``bf:c`` the output tagged with the model version
-that computed it (``config.schema.cache_entry``), ``bf:w`` the inbox keys of producers
-waiting for it, ``bf:res`` and the inbox entries the result JSON; ``bf:m:…:workers`` members
-are ``hostname|slots`` scored by heartbeat expiry, ``…:inflight`` members batch ids scored by
-dispatch time (Redis server time).
+``M:r`` holds the request's digest (model and input), and while it is queued its stream
+entry and model (``digest:entry:model``), ``M:c`` the output tagged with the model version
+that computed it (``config.schema.cache_entry``), ``M:w`` the inbox keys of producers
+waiting for it (each producer has one inbox per model), ``M:res`` and the inbox entries the
+result JSON; ``M:workers`` members are ``hostname|slots`` and ``M:devices`` members device
+consumers, scored by heartbeat expiry, ``M:inflight`` members batch ids scored by dispatch
+time (Redis server time). ``bf:model_of`` names the model a request id was admitted to: an
+id names one request of one model at a time.
 
 The consumer group on each request stream is ``batchers``; Celery's queue for a model is
 ``bf.{model}`` (kombu keeps its own keys under that name).
@@ -87,29 +98,34 @@ class Keys:
 
     prefix: str = "bf"
 
+    def _model(self, model: str) -> str:
+        """The start of every key of ``model``: its hash tag puts them all in one slot."""
+        return f"{self.prefix}:{{m:{model}}}"
+
     def stream(self, model: str) -> str:
         """The model's request stream, the ledger of accepted, unfinished requests."""
-        return f"{self.prefix}:m:{model}:requests"
+        return f"{self._model(model)}:requests"
 
     def inflight(self, model: str) -> str:
         """Batches dispatched to Celery and not yet finished, scored by dispatch time."""
-        return f"{self.prefix}:m:{model}:inflight"
+        return f"{self._model(model)}:inflight"
 
     def inflight_owners(self, model: str) -> str:
         """Which worker (its heartbeat member) runs each started in-flight batch."""
-        return f"{self.prefix}:m:{model}:inflight_owners"
+        return f"{self._model(model)}:inflight_owners"
 
     def slot_free(self, model: str) -> str:
         """The list a worker pushes to when it finishes a batch, waking the batcher."""
-        return f"{self.prefix}:m:{model}:slot_free"
+        return f"{self._model(model)}:slot_free"
 
     def workers(self, model: str) -> str:
         """Live workers of the model: member ``hostname|slots``, score the heartbeat's expiry."""
-        return f"{self.prefix}:m:{model}:workers"
+        return f"{self._model(model)}:workers"
 
-    def devices(self) -> str:
-        """Live worker processes' device consumers, scored by their heartbeat's expiry."""
-        return f"{self.prefix}:devices"
+    def devices(self, model: str) -> str:
+        """The device consumers of the live worker processes serving the model, scored by
+        their heartbeat's expiry."""
+        return f"{self._model(model)}:devices"
 
     def gpu_claim(self, gpu_uuid: str) -> str:
         """Which worker (``--gpu auto``) runs on the GPU of this UUID; expires unless renewed."""
@@ -121,31 +137,31 @@ class Keys:
 
     def attempts(self, model: str) -> str:
         """How often each stream entry was taken back from a process that died holding it."""
-        return f"{self.prefix}:m:{model}:attempts"
+        return f"{self._model(model)}:attempts"
 
     def stats(self, model: str) -> str:
         """The model's request and batch counters since the fleet's Redis began; its fields
         are named in ``config.stats_fields``."""
-        return f"{self.prefix}:m:{model}:stats"
+        return f"{self._model(model)}:stats"
 
     def model_version(self, model: str) -> str:
         """The version the model's workers last loaded (``Model.version``): a cache entry
         answers only while it matches the version the entry carries, so a new version starts
         with an empty cache."""
-        return f"{self.prefix}:m:{model}:version"
+        return f"{self._model(model)}:version"
 
     def cache(self, model: str, digest: str) -> str:
         """The cached output of an input (by its digest), tagged with the model version
         that computed it."""
-        return f"{self.prefix}:c:{model}:{digest}"
+        return f"{self._model(model)}:c:{digest}"
 
     def stream_lane(self, model: str) -> str:
         """Streaming requests of the model: a lane of their own, past the batcher."""
-        return f"{self.prefix}:m:{model}:stream_lane"
+        return f"{self._model(model)}:stream_lane"
 
-    def chunks(self, request_id: str) -> str:
+    def chunks(self, model: str, request_id: str) -> str:
         """A streaming request's chunks, in order, for its caller to read."""
-        return f"{self.prefix}:chunks:{request_id}"
+        return f"{self._model(model)}:chunks:{request_id}"
 
     def policies(self) -> str:
         """The fleet's model policies (model → ``ModelPolicy`` JSON), as its batchers serve
@@ -154,35 +170,40 @@ class Keys:
 
     def model_time(self, model: str) -> str:
         """The model's measured time per batch-size bucket (power of two → seconds)."""
-        return f"{self.prefix}:m:{model}:model_time"
+        return f"{self._model(model)}:model_time"
 
     def latencies(self, model: str) -> str:
         """The model's latest answers: ``finished_at:latency_s`` items, newest first, capped."""
-        return f"{self.prefix}:m:{model}:latency"
+        return f"{self._model(model)}:latency"
 
     def batch_cap(self, model: str) -> str:
         """The largest batch the model's devices ran without running out of memory."""
-        return f"{self.prefix}:m:{model}:batch_cap"
+        return f"{self._model(model)}:batch_cap"
 
     def dead_letter(self, model: str) -> str:
         """Requests given up as poison (their process died on them), for an operator."""
-        return f"{self.prefix}:m:{model}:dead"
+        return f"{self._model(model)}:dead"
 
-    def record(self, request_id: str) -> str:
+    def record(self, model: str, request_id: str) -> str:
         """A request's admission record: its digest, and while queued its entry and model."""
-        return f"{self.prefix}:r:{request_id}"
+        return f"{self._model(model)}:r:{request_id}"
 
-    def waiters(self, request_id: str) -> str:
+    def waiters(self, model: str, request_id: str) -> str:
         """The inboxes of the producers waiting for a request's result."""
-        return f"{self.prefix}:w:{request_id}"
+        return f"{self._model(model)}:w:{request_id}"
 
-    def result(self, request_id: str) -> str:
+    def result(self, model: str, request_id: str) -> str:
         """A request's final result or error, written once."""
-        return f"{self.prefix}:res:{request_id}"
+        return f"{self._model(model)}:res:{request_id}"
 
-    def inbox(self, producer_id: str) -> str:
-        """A producer's inbox: final results of the requests it waits for are pushed here."""
-        return f"{self.prefix}:inbox:{producer_id}"
+    def inbox(self, model: str, producer_id: str) -> str:
+        """A producer's inbox for a model: final results of the model's requests it waits
+        for are pushed here."""
+        return f"{self._model(model)}:inbox:{producer_id}"
+
+    def model_of(self, request_id: str) -> str:
+        """The model a request id was admitted to, for callers that know only the id."""
+        return f"{self.prefix}:model_of:{request_id}"
 
     def celery_queue(self, model: str) -> str:
         """The Celery queue that carries the model's batches."""

@@ -4,10 +4,14 @@ writes (Redis ``WAIT``), for ``redis_wait_replicas``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from redis.commands.core import AsyncScript, Script
+import redis
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
+from redis.commands.core import Script
 
+from config import lua
 from config.errors import BrokerUnavailable
 from config.settings import Settings
 
@@ -28,23 +32,25 @@ class ReplicaWait:
             return None
         return cls(settings.redis_wait_replicas, settings.redis_wait_timeout_s)
 
+    def queue(self, pipe: Pipeline | AsyncPipeline) -> None:
+        """Queues the wait on ``pipe``, after the writes it covers; ``confirmed`` reads its
+        reply."""
+        pipe.wait(self.replicas, int(self.timeout_s * 1000))
+
+    def confirmed(self, acknowledged: Any) -> bool:
+        """Whether enough replicas acknowledged the writes in time (the wait's reply)."""
+        return int(acknowledged) >= self.replicas
+
     def call(self, script: Script, keys: list[Any], args: list[Any]) -> tuple[Any, bool]:
         """``script``'s reply, and whether enough replicas acknowledged its writes in time."""
-        with script.registered_client.pipeline(transaction=False) as pipe:
-            script(keys=keys, args=args, client=pipe)
-            pipe.wait(self.replicas, int(self.timeout_s * 1000))
-            reply, acknowledged = pipe.execute()
-        return reply, int(acknowledged) >= self.replicas
 
-    async def call_async(
-        self, script: AsyncScript, keys: list[Any], args: list[Any]
-    ) -> tuple[Any, bool]:
-        """``call`` for an asyncio client's script."""
-        async with script.registered_client.pipeline(transaction=False) as pipe:
-            await script(keys=keys, args=args, client=pipe)  # type: ignore[arg-type]
-            pipe.wait(self.replicas, int(self.timeout_s * 1000))
-            reply, acknowledged = await pipe.execute()
-        return reply, int(acknowledged) >= self.replicas
+        def build(pipe: Pipeline) -> None:
+            lua.queue(pipe, script, keys, args)
+            self.queue(pipe)
+
+        client = cast(redis.Redis, script.registered_client)
+        reply, acknowledged = lua.execute(client, build, [script])
+        return reply, self.confirmed(acknowledged)
 
     def unconfirmed(self) -> BrokerUnavailable:
         """The error for a write fewer replicas acknowledged than asked (it is on the master:

@@ -246,8 +246,10 @@ class Settings(BaseSettings):
         if not self.models:
             raise ValueError("models: at least one model must be configured")
         for name in self.models:
-            if not name or ":" in name or not name.isprintable():
-                raise ValueError(f"models: invalid model name {name!r}")
+            if not name or set(name) & set(":{}") or not name.isprintable():
+                raise ValueError(
+                    f"models: invalid model name {name!r} (printable, without ':', '{{' or '}}')"
+                )
         return self
 
     def policy(self, model: str) -> ModelPolicy:

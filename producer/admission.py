@@ -1,6 +1,7 @@
 """The producer's I/O-free core: request preparation, the Lua scripts' keys and args (the
-scripts are ``config/lua/admit.lua``, ``watch.lua``, ``stream_admit.lua``, ``cancel.lua``),
-and their replies.
+scripts are ``config/lua/claim_request_id.lua``, ``admit.lua``, ``watch.lua``,
+``stream_admit.lua``, ``cancel.lua``), and their replies; which model each request id
+belongs to.
 
 ``Producer`` and ``AsyncProducer`` differ only in how they talk to Redis; everything they
 decide is decided here.
@@ -14,12 +15,16 @@ import math
 import os
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from config import stats_fields
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
+from redis.commands.core import AsyncScript, Script
+
+from config import lua, stats_fields
 from config.errors import (
     DeadlinePassed,
     InputTooLarge,
@@ -34,6 +39,7 @@ from config.errors import (
     failure_for,
 )
 from config.keys import CONSUMER_GROUP, Keys
+from config.replica_wait import ReplicaWait
 from config.schema import (
     MAX_REQUEST_ID_LEN,
     PRIORITY_RANK,
@@ -53,6 +59,7 @@ from producer.fleet_policies import FleetPolicies
 log = logging.getLogger(__name__)
 
 MAX_DEADLINE_S = 7 * 24 * 3600.0
+MODELS_REMEMBERED = 1 << 16
 
 # The cancel script's reply when the record changed between the caller's read and the script
 # (the id was admitted again): the caller reads it again and retries.
@@ -78,6 +85,15 @@ class Prepared:
     result_key: str
     result_ttl_ms: int
     submitted_at: float
+    # Whether the caller gave the id (True) or this producer drew it: only a caller's id can
+    # be taken by another model already, so only those are claimed before admission.
+    callers_id: bool
+
+    @property
+    def index_ttl_ms(self) -> int:
+        """How long the id's entry in the index of ids lives: its record's lifetime, and its
+        result's again for an answer written late (the record then outlives its first TTL)."""
+        return self.record_ttl_ms + self.result_ttl_ms
 
     @property
     def request(self) -> Request:
@@ -104,15 +120,56 @@ class ProducerCore:
         self.keys = Keys(settings.key_prefix)
         self.fleet = FleetPolicies(settings)
         self.producer_id = producer_id or uuid.uuid4().hex
-        self.inbox = self.keys.inbox(self.producer_id)
         self.cancel_on_exit = cancel_on_exit
         self._outstanding: set[str] = set()
+        # The model of each id this producer admitted lately, so that waiting for it needs
+        # no look-up in the index of ids; the oldest are forgotten past MODELS_REMEMBERED.
+        self._models: OrderedDict[str, str] = OrderedDict()
 
-    def submitted(self, request_ids: Iterable[str]) -> None:
-        """Notes requests this producer enqueued: with ``cancel_on_exit``, those it has not
-        received an answer for are cancelled when it closes."""
+    def inbox(self, model: str) -> str:
+        """This producer's inbox for ``model``'s results."""
+        return self.keys.inbox(model, self.producer_id)
+
+    def submitted(self, model: str, request_ids: Sequence[str]) -> None:
+        """Notes requests this producer enqueued for ``model``: with ``cancel_on_exit``, those
+        it has not received an answer for are cancelled when it closes."""
         if self.cancel_on_exit:
             self._outstanding.update(request_ids)
+        self.remember(model, request_ids)
+
+    def remember(self, model: str, request_ids: Iterable[str]) -> None:
+        """Notes that ``request_ids`` belong to ``model``, to wait for them or cancel them
+        without a look-up."""
+        for request_id in request_ids:
+            self._models[request_id] = model
+        while len(self._models) > MODELS_REMEMBERED:
+            self._models.popitem(last=False)
+
+    def known_models(self, request_ids: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+        """The models of ``request_ids`` this producer knows, and the ids to look up in the
+        index of ids (``keys.model_of``)."""
+        known, unknown = {}, []
+        for request_id in request_ids:
+            model = self._models.get(request_id)
+            if model is None:
+                unknown.append(request_id)
+            else:
+                known[request_id] = model
+        return known, unknown
+
+    @staticmethod
+    def looked_up(request_ids: Sequence[str], replies: Sequence[Any]) -> dict[str, str]:
+        """The models the index of ids names for ``request_ids`` (the replies of a GET each).
+
+        Raises:
+            UnknownRequest: an id is in no model's index: never accepted, or long expired.
+        """
+        models = {}
+        for request_id, model in zip(request_ids, replies, strict=True):
+            if model is None:
+                raise unknown_request(request_id)
+            models[request_id] = model.decode() if isinstance(model, bytes) else model
+        return models
 
     def answered(self, request_id: str) -> None:
         self._outstanding.discard(request_id)
@@ -148,6 +205,7 @@ class ProducerCore:
             UnknownModel, InvalidInput, InputTooLarge, DeadlinePassed: refused at the edge.
         """
         policy = self.policy(model)
+        given_id = request_id
         request_id = self._check_request_id(request_id)
         input_json = canonical_json(input)
         size = len(input_json.encode())
@@ -176,11 +234,12 @@ class ProducerCore:
             model=model,
             digest=digest,
             encoded=encoded,
-            record_key=self.keys.record(request_id),
+            record_key=self.keys.record(model, request_id),
             record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
-            result_key=self.keys.result(request_id),
+            result_key=self.keys.result(model, request_id),
             result_ttl_ms=int(policy.result_ttl_s * 1000),
             submitted_at=now,
+            callers_id=given_id is not None,
         )
 
     def prepare_all(
@@ -262,6 +321,96 @@ class ProducerCore:
             args += [cached_result_head(item) if cached else "", item.result_ttl_ms]
         return keys, args
 
+    def queue_claims(
+        self,
+        pipe: Pipeline | AsyncPipeline,
+        items: Sequence[Prepared],
+        script: Script | AsyncScript,
+    ) -> None:
+        """Queues on ``pipe`` the claim of each caller's id among ``items`` for its model in
+        the index of ids (``script``: ``claim_request_id.lua``)."""
+        for item in items:
+            if item.callers_id:
+                keys = [self.keys.model_of(item.request_id)]
+                lua.queue(pipe, script, keys, [item.model, item.index_ttl_ms])
+
+    @staticmethod
+    def claim_owners(items: Sequence[Prepared], replies: Sequence[Any]) -> dict[str, Any]:
+        """The model each caller's id among ``items`` belongs to, by the claims' ``replies``."""
+        claimed = [item.request_id for item in items if item.callers_id]
+        return dict(zip(claimed, replies, strict=True))
+
+    @staticmethod
+    def after_claims(
+        items: Sequence[Prepared], owners: dict[str, Any], one_by_one: bool
+    ) -> tuple[list[Prepared], list[str | None]]:
+        """The items still to admit once the callers' ids among ``items`` are claimed
+        (``owners``: id → the model the claim says it belongs to), and a status per item:
+        ``conflict`` for an id another model holds, None for the admission script to say.
+        Admitted all or nothing (not ``one_by_one``), a conflict withholds every other."""
+        taken = {
+            request_id
+            for request_id, owner in owners.items()
+            if (owner.decode() if isinstance(owner, bytes) else owner) != items[0].model
+        }
+        statuses: list[str | None] = [
+            "conflict" if item.request_id in taken else None for item in items
+        ]
+        if taken and not one_by_one:
+            return [], [status or "withheld" for status in statuses]
+        return [item for item in items if item.request_id not in taken], statuses
+
+    def claim_refusals(
+        self, items: Sequence[Prepared], statuses: Sequence[str | None]
+    ) -> tuple[str, str, int] | None:
+        """The stats hash, field and count of the ids ``after_claims`` refused (another model
+        holds them), counted as the admission script counts a reused id; None for none."""
+        conflicts = statuses.count("conflict")
+        if not conflicts:
+            return None
+        return (
+            self.keys.stats(items[0].model),
+            stats_fields.refused(RequestIdConflict.reason),
+            conflicts,
+        )
+
+    def queue_admission(
+        self,
+        pipe: Pipeline | AsyncPipeline,
+        items: Sequence[Prepared],
+        script: Script | AsyncScript,
+        call: tuple[Sequence[Any], Sequence[Any]],
+        replica_wait: ReplicaWait | None,
+    ) -> None:
+        """Queues on ``pipe`` the admission of ``items``: the index entries of the ids this
+        producer drew (a caller's id was claimed before), then ``script``'s ``call`` (keys and
+        args), then the replica wait."""
+        for item in items:
+            if not item.callers_id:
+                pipe.set(self.keys.model_of(item.request_id), item.model, px=item.index_ttl_ms)
+        lua.queue(pipe, script, *call)
+        if replica_wait is not None:
+            replica_wait.queue(pipe)
+
+    @staticmethod
+    def admission_statuses(
+        items: Sequence[Prepared],
+        statuses: Sequence[str | None],
+        replies: Sequence[Any],
+        replica_wait: ReplicaWait | None,
+    ) -> list[Any]:
+        """Every item's status: those ``after_claims`` gave, and the admission script's for
+        the rest (``items``, admitted by the pipeline whose ``replies`` these are).
+
+        Raises:
+            BrokerUnavailable: fewer replicas than ``redis_wait_replicas`` acknowledged the
+                writes in time (trying again is safe).
+        """
+        if replica_wait is not None and not replica_wait.confirmed(replies[-1]):
+            raise replica_wait.unconfirmed()
+        admitted = iter(replies[sum(not item.callers_id for item in items)])
+        return [next(admitted) if status is None else status for status in statuses]
+
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
         """The stats hash and field that count a refusal at the edge; None for a model the
         fleet does not serve (its name is the caller's, and metrics label only served ones)."""
@@ -331,19 +480,20 @@ class ProducerCore:
             self.check_admission(item, reply)
         return [item.request_id for item in chunk]
 
-    def watch_call(self, request_ids: Sequence[str]) -> tuple[list[str], list[str]]:
-        """The keys and args of one watch script call for ``request_ids``."""
+    def watch_call(self, model: str, request_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The keys and args of one watch script call for ``request_ids`` of ``model``."""
         keys = []
         for request_id in request_ids:
             keys += [
-                self.keys.result(request_id),
-                self.keys.record(request_id),
-                self.keys.waiters(request_id),
+                self.keys.result(model, request_id),
+                self.keys.record(model, request_id),
+                self.keys.waiters(model, request_id),
             ]
-        return keys, [self.inbox]
+        return keys, [self.inbox(model)]
 
-    def stream_call(self, item: Prepared) -> tuple[list[str], list[str | int]]:
-        """The keys and args of the streaming admission script for ``item``."""
+    def stream_call(self, items: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
+        """The keys and args of the streaming admission script for ``items``: one."""
+        (item,) = items
         keys = [item.record_key, self.keys.stream_lane(item.model), self.keys.stats(item.model)]
         cap = self.policy(item.model).max_queue_len
         counted = [
@@ -354,13 +504,14 @@ class ProducerCore:
         return keys, [item.digest, item.encoded, item.record_ttl_ms, cap, STREAM_FIELD, *counted]
 
     def cancel_call(
-        self, request_id: str, record: bytes | str | None
+        self, model: str, request_id: str, record: bytes | str | None
     ) -> tuple[list[str], list[str | int | bytes]]:
-        """The keys and args of the cancel script for ``request_id``, given its admission
-        record as just read (None: there is none). A queued request's record names its model
-        and stream entry (``digest:entry:model``): the call then carries that model's keys."""
+        """The keys and args of the cancel script for ``request_id`` of ``model``, given its
+        admission record as just read (None: there is none). A queued request's record names
+        its stream entry (``digest:entry:model``), which the script takes off the stream
+        while no batcher has read it."""
         ttl_s = max(policy.result_ttl_s for policy in self.fleet.models.values())
-        entry, model = queued_at(record)
+        entry = queued_at(record)
         result = {
             "request_id": request_id,
             "error": {"code": "cancelled", "message": "cancelled by its caller"},
@@ -368,12 +519,12 @@ class ProducerCore:
             "model": model,
         }
         keys = [
-            self.keys.record(request_id),
-            self.keys.result(request_id),
-            self.keys.waiters(request_id),
+            self.keys.record(model, request_id),
+            self.keys.result(model, request_id),
+            self.keys.waiters(model, request_id),
+            self.keys.stats(model),
+            self.keys.stream(model),
         ]
-        if entry:
-            keys += [self.keys.stats(model), self.keys.stream(model)]
         args: list[str | int | bytes] = [
             b"" if record is None else record,
             json.dumps(result),
@@ -398,10 +549,7 @@ class ProducerCore:
             UnknownRequest: the id was never accepted or its result has expired.
         """
         if status == "unknown":
-            raise UnknownRequest(
-                f"request {abbreviated(request_id)} is unknown: never accepted, or its result"
-                " expired"
-            )
+            raise unknown_request(request_id)
         return status != "final"
 
     @staticmethod
@@ -415,10 +563,7 @@ class ProducerCore:
         for request_id, (status, raw) in zip(request_ids, reply, strict=True):
             status = status.decode() if isinstance(status, bytes) else status
             if status == "unknown":
-                raise UnknownRequest(
-                    f"request {abbreviated(request_id)} is unknown: never accepted, or its"
-                    " result expired"
-                )
+                raise unknown_request(request_id)
             results.append(Result.decode(raw) if status == "done" else None)
         return results
 
@@ -437,10 +582,10 @@ class StreamReader:
     means. The clients loop ``block_ms`` → XREAD ``key`` from ``last`` → ``chunks(reply)``,
     and after a read that brought nothing, GET ``result_key`` → ``ended(raw)``."""
 
-    def __init__(self, keys: Keys, request_id: str, deadline_at: float) -> None:
+    def __init__(self, keys: Keys, model: str, request_id: str, deadline_at: float) -> None:
         self.request_id = request_id
-        self.key = keys.chunks(request_id)
-        self.result_key = keys.result(request_id)
+        self.key = keys.chunks(model, request_id)
+        self.result_key = keys.result(model, request_id)
         self.last: Any = "0-0"
         self.finished = False
         self._deadline_at = deadline_at
@@ -507,17 +652,22 @@ class StreamReader:
         return last_chunk(output)
 
 
-def queued_at(record: bytes | str | None) -> tuple[str, str]:
-    """The stream entry and model named in an admission record (``digest:entry:model``, as
-    ``admit.lua`` writes it while the request is queued); ``("", "")`` for a record that
-    holds the digest alone (answered from the cache, or a streaming request) or none."""
+def queued_at(record: bytes | str | None) -> str:
+    """The stream entry named in an admission record (``digest:entry:model``, as
+    ``admit.lua`` writes it while the request is queued); ``""`` for a record that holds the
+    digest alone (answered from the cache, or a streaming request) or none."""
     if record is None:
-        return "", ""
+        return ""
     text = record.decode() if isinstance(record, bytes) else record
     parts = text.split(":", 2)
-    if len(parts) < 3:
-        return "", ""
-    return parts[1], parts[2]
+    return parts[1] if len(parts) == 3 else ""
+
+
+def unknown_request(request_id: str) -> UnknownRequest:
+    """The error for an id no model knows."""
+    return UnknownRequest(
+        f"request {abbreviated(request_id)} is unknown: never accepted, or its result expired"
+    )
 
 
 def cached_result_head(item: Prepared) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from functools import partial
 from time import monotonic
 from types import TracebackType
@@ -69,34 +69,39 @@ def connect_async(settings: Settings) -> aioredis.Redis:
 
 
 class AsyncInboxListener:
-    """One task, one blocking read: hands each result pushed to the inbox to its waiters."""
+    """One task and one blocking read per model's inbox: hands each result pushed there to
+    its waiters."""
 
-    def __init__(self, client: aioredis.Redis, inbox: str) -> None:
+    def __init__(self, client: aioredis.Redis, inbox: Callable[[str], str]) -> None:
         self._client = client
         self._inbox = inbox
         self._waiters = Waiters()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # by inbox
         self._closed = False
 
-    def expect(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
-        """Puts each of ``request_ids``' results in ``queue`` when it arrives (or the error
-        that ends the wait); the listener runs on the caller's loop."""
+    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        """Puts each of ``request_ids``' results (of ``model``) in ``queue`` when it arrives
+        (or the error that ends the wait); the listeners run on the caller's loop."""
         self._waiters.add(request_ids, queue)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="batchfleet-inbox")
+        inbox = self._inbox(model)
+        if inbox not in self._tasks:
+            self._tasks[inbox] = asyncio.create_task(self._run(inbox), name="batchfleet-inbox")
 
     def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
         self._waiters.remove(request_ids, queue)
 
     async def aclose(self) -> None:
+        """Stops the listening tasks and deletes their inboxes."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
+        for inbox, task in self._tasks.items():
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
+            with contextlib.suppress(redis.RedisError):
+                await self._client.delete(inbox)
         await self._client.aclose()
 
-    async def _run(self) -> None:
+    async def _run(self, inbox: str) -> None:
         away: Backoff | None = None  # set while Redis cannot be reached
         while not self._closed:
             popped: list[Any] = []
@@ -105,13 +110,13 @@ class AsyncInboxListener:
                     await self._client.ping()
                     away = None
                     self._waiters.reconnected()
-                item = await self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
+                item = await self._client.blpop([inbox], timeout=LISTEN_BLOCK_S)
                 if item is None:
                     continue
                 # As ``InboxListener``: the rest in one more round trip; results a lost reply
                 # popped are read where they are stored once Redis is back.
                 popped.append(item[1])
-                popped += await self._client.lpop(self._inbox, INBOX_DRAIN) or []
+                popped += await self._client.lpop(inbox, INBOX_DRAIN) or []
             except redis.RedisError as exc:
                 self._waiters.deliver(read_inbox(popped))
                 if not is_outage(exc):
@@ -142,6 +147,7 @@ class AsyncProducer:
     ) -> None:
         self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
         self._client = client or connect_async(self._core.settings)
+        self._claim = lua.register(self._client, "claim_request_id")
         self._admit = lua.register(self._client, "admit")
         self._watch = lua.register(self._client, "watch")
         self._cancel = lua.register(self._client, "cancel")
@@ -152,7 +158,7 @@ class AsyncProducer:
         )
         # Single submits and waits of many coroutines, one round trip per loop turn.
         self._admit_one: TurnBatch[Prepared, str | bytes] = TurnBatch(self._admit_one_by_one)
-        self._watch_ids: TurnBatch[Sequence[str], list[Result | None]] = TurnBatch(
+        self._watch_ids: TurnBatch[tuple[str, Sequence[str]], list[Result | None]] = TurnBatch(
             self._watch_together
         )
 
@@ -160,19 +166,45 @@ class AsyncProducer:
     def producer_id(self) -> str:
         return self._core.producer_id
 
-    async def _admitted(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> Any:
-        """An admission script's reply; see ``Producer._admitted``."""
-        write = partial(self._write, script, keys, args)
-        return await call_until_async(self._core.submit_deadline(), write)
+    async def _admitted(
+        self,
+        script: AsyncScript,
+        items: Sequence[Prepared],
+        call: Callable[[Sequence[Prepared]], tuple[list[Any], list[Any]]],
+    ) -> list[Any]:
+        """Each of ``items``' admission status; see ``Producer._admitted``."""
+        admit = partial(self._admit_now, script, items, call, False)
+        return await call_until_async(self._core.submit_deadline(), admit)
 
-    async def _write(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> Any:
-        """``script``'s reply; see ``Producer._write``."""
-        if self._replica_wait is None:
-            return await script(keys, args)
-        reply, replicated = await self._replica_wait.call_async(script, keys, args)
-        if not replicated:
-            raise self._replica_wait.unconfirmed()
-        return reply
+    async def _admit_now(
+        self,
+        script: AsyncScript,
+        items: Sequence[Prepared],
+        call: Callable[[Sequence[Prepared]], tuple[list[Any], list[Any]]],
+        one_by_one: bool,
+    ) -> list[Any]:
+        """``_admitted``, tried once; see ``Producer._admit_now``."""
+        owners: dict[str, Any] = {}
+        if any(item.callers_id for item in items):
+            claims = partial(self._core.queue_claims, items=items, script=self._claim)
+            replies = await lua.execute_async(self._client, claims, [self._claim])
+            owners = self._core.claim_owners(items, replies)
+        admissible, statuses = self._core.after_claims(items, owners, one_by_one)
+        refused = self._core.claim_refusals(items, statuses)
+        if refused is not None:
+            with contextlib.suppress(redis.RedisError):  # best effort: the refusal stands
+                await self._client.hincrby(*refused)
+        if not admissible:
+            return statuses
+        admission = partial(
+            self._core.queue_admission,
+            items=admissible,
+            script=script,
+            call=call(admissible),
+            replica_wait=self._replica_wait,
+        )
+        replies = await lua.execute_async(self._client, admission, [script])
+        return self._core.admission_statuses(admissible, statuses, replies, self._replica_wait)
 
     async def submit(
         self,
@@ -192,40 +224,47 @@ class AsyncProducer:
             self._core.submit_deadline(), partial(self._admit_one, prepared)
         )
         self._core.check_admission(prepared, reply)
-        self._core.submitted([prepared.request_id])
+        self._core.submitted(model, [prepared.request_id])
         return prepared.request_id
 
     async def _admit_one_by_one(self, items: list[Prepared]) -> list[str | bytes]:
         """The admission statuses of single submits made on one loop turn, each admitted as
         if alone (``admit.lua`` one by one)."""
         statuses: list[str | bytes] = [""] * len(items)
+        one_by_one = partial(self._core.admit_call, one_by_one=True)
         for group in self._core.one_by_one_groups(items):
-            keys, args = self._core.admit_call([items[n] for n in group], one_by_one=True)
             with broker_errors():
-                replies = await self._write(self._admit, keys, args)
+                replies = await self._admit_now(
+                    self._admit, [items[n] for n in group], one_by_one, True
+                )
             for n, status in zip(group, replies, strict=True):
                 statuses[n] = status
         return statuses
 
     async def _watch_together(
-        self, batches: list[Sequence[str]]
+        self, batches: list[tuple[str, Sequence[str]]]
     ) -> list[list[Result | None] | BaseException]:
-        """For each caller's ids (asked on one loop turn), what ``read_watch`` reads: one
-        watch call for them all, or one per ``submit_chunk`` ids."""
-        ids = [request_id for batch in batches for request_id in batch]
-        reply: list[Any] = []
-        for chunk in chunks(ids, self._core.settings.submit_chunk):
-            keys, args = self._core.watch_call(chunk)
-            with broker_errors():
-                reply += await self._watch(keys=keys, args=args)
+        """For each caller's ids of one model (asked on one loop turn), what ``read_watch``
+        reads: one watch call per model for them all, or one per ``submit_chunk`` ids."""
+        by_model: dict[str, list[str]] = {}
+        for model, batch in batches:
+            by_model.setdefault(model, []).extend(batch)
+        replies: dict[tuple[str, str], Any] = {}
+        for model, ids in by_model.items():
+            for chunk in chunks(ids, self._core.settings.submit_chunk):
+                keys, args = self._core.watch_call(model, chunk)
+                with broker_errors():
+                    reply = await self._watch(keys=keys, args=args)
+                replies.update(
+                    ((model, request_id), r) for request_id, r in zip(chunk, reply, strict=True)
+                )
         outcomes: list[list[Result | None] | BaseException] = []
-        start = 0
-        for batch in batches:
+        for model, batch in batches:
             try:
-                outcomes.append(self._core.read_watch(batch, reply[start : start + len(batch)]))
+                read = [replies[model, request_id] for request_id in batch]
+                outcomes.append(self._core.read_watch(batch, read))
             except UnknownRequest as unknown:
                 outcomes.append(unknown)
-            start += len(batch)
         return outcomes
 
     async def submit_many(
@@ -243,14 +282,13 @@ class AsyncProducer:
         )
         accepted: list[str] = []
         for chunk in self._core.admission_chunks(prepared):
-            keys, args = self._core.admit_call(chunk)
             try:
-                replies = await self._admitted(self._admit, keys, args)
+                replies = await self._admitted(self._admit, chunk, self._core.admit_call)
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
                 raise
-            self._core.submitted(ids)
+            self._core.submitted(model, ids)
             accepted.extend(ids)
         return accepted
 
@@ -328,11 +366,11 @@ class AsyncProducer:
         cancelling the task, cancels the request."""
         ids = None if request_id is None else [request_id]
         (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
-        keys, args = self._core.stream_call(prepared)
-        admitted = await self._admitted(self._stream_admit, keys, args)
+        (admitted,) = await self._admitted(self._stream_admit, [prepared], self._core.stream_call)
         self._core.check_admission(prepared, admitted)
+        self._core.remember(model, [prepared.request_id])
         request_id, deadline_at = prepared.request_id, prepared.request.deadline_at
-        reader = StreamReader(self._core.keys, request_id, deadline_at)
+        reader = StreamReader(self._core.keys, model, request_id, deadline_at)
         away: Backoff | None = None  # set while Redis cannot be reached
         try:
             while not reader.finished:
@@ -361,12 +399,13 @@ class AsyncProducer:
 
     async def cancel(self, request_id: str) -> bool:
         """Cancels a request; see ``Producer.cancel``."""
-        record_key = self._core.keys.record(request_id)
+        model = (await self._models_of([request_id], deadline=monotonic()))[request_id]
+        record_key = self._core.keys.record(model, request_id)
         with broker_errors():
             status = RECORD_CHANGED
             while status == RECORD_CHANGED:
                 record = await self._client.get(record_key)
-                keys, args = self._core.cancel_call(request_id, record)
+                keys, args = self._core.cancel_call(model, request_id, record)
                 status = self._core.cancel_status(await self._cancel(keys=keys, args=args))
         self._core.answered(request_id)
         return self._core.read_cancel(request_id, status)
@@ -383,8 +422,13 @@ class AsyncProducer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
+        try:
+            wait.models = await self._models_of(wait.ids, wait.deadline)
+        except BrokerUnavailable as outage:
+            raise wait.timed_out(outage) from outage
         arrived: asyncio.Queue[Arrival] = asyncio.Queue()
-        self._listener.expect(wait.ids, arrived)
+        for model, ids in wait.by_model().items():
+            self._listener.expect(model, ids, arrived)
         try:
             async for result in self._stored(wait):
                 yield result
@@ -407,14 +451,31 @@ class AsyncProducer:
     async def _stored(self, wait: ResultWait) -> AsyncIterator[Result]:
         """Yields the stored results of the ids ``wait`` still waits for; see
         ``Producer._stored``. Waits of one loop turn share their watch calls."""
-        for batch in chunks(wait.still_waiting(), self._core.settings.submit_chunk):
-            try:
-                read = await call_until_async(wait.deadline, partial(self._watch_ids, batch))
-            except BrokerUnavailable as outage:
-                raise wait.timed_out(outage) from outage
-            for result in read:
-                if result is not None and wait.take(result):
-                    yield result
+        for model, ids in wait.by_model().items():
+            for batch in chunks(ids, self._core.settings.submit_chunk):
+                watch = partial(self._watch_ids, (model, batch))
+                try:
+                    read = await call_until_async(wait.deadline, watch)
+                except BrokerUnavailable as outage:
+                    raise wait.timed_out(outage) from outage
+                for result in read:
+                    if result is not None and wait.take(result):
+                        yield result
+
+    async def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
+        """The model of each of ``request_ids``; see ``Producer._models_of``."""
+        models, unknown = self._core.known_models(request_ids)
+        for batch in chunks(unknown, self._core.settings.submit_chunk):
+            replies = await call_until_async(deadline, partial(self._look_up, batch))
+            models.update(self._core.looked_up(batch, replies))
+        return models
+
+    async def _look_up(self, request_ids: Sequence[str]) -> list[Any]:
+        """The index of ids' entries for ``request_ids``, in one round trip."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.get(self._core.keys.model_of(request_id))
+            return await pipe.execute()
 
     async def infer(
         self,
@@ -436,8 +497,6 @@ class AsyncProducer:
         listener and releases connections."""
         await self._cancel_quietly(self._core.outstanding())
         await self._listener.aclose()
-        with contextlib.suppress(redis.RedisError):
-            await self._client.delete(self._core.inbox)
         await self._client.aclose()
 
     async def __aenter__(self) -> AsyncProducer:

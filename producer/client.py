@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from queue import Empty, SimpleQueue
 from time import monotonic
@@ -44,40 +44,48 @@ WAKE_SENTINEL = ""
 
 
 class InboxListener:
-    """One thread, one blocking read: hands each result pushed to the inbox to its waiters."""
+    """One thread and one blocking read per model's inbox: hands each result pushed there to
+    its waiters."""
 
-    def __init__(self, client: redis.Redis, inbox: str) -> None:
+    def __init__(self, client: redis.Redis, inbox: Callable[[str], str]) -> None:
         self._client = client
         self._inbox = inbox
         self._waiters = Waiters()
         self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: dict[str, threading.Thread] = {}  # by inbox
         self._start_lock = threading.Lock()
 
-    def expect(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
-        """Puts each of ``request_ids``' results in ``queue`` when it arrives (or the error
-        that ends the wait)."""
+    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        """Puts each of ``request_ids``' results (of ``model``) in ``queue`` when it arrives
+        (or the error that ends the wait)."""
         self._waiters.add(request_ids, queue)
+        inbox = self._inbox(model)
         with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="batchfleet-inbox", daemon=True
+            if inbox not in self._threads:
+                thread = threading.Thread(
+                    target=self._run, args=(inbox,), name="batchfleet-inbox", daemon=True
                 )
-                self._thread.start()
+                self._threads[inbox] = thread
+                thread.start()
 
     def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
         self._waiters.remove(request_ids, queue)
 
     def close(self) -> None:
+        """Stops the listening threads and deletes their inboxes."""
         self._closed.set()
-        if self._thread is None:
-            return
-        with contextlib.suppress(redis.RedisError):
-            self._client.lpush(self._inbox, WAKE_SENTINEL)
-        self._thread.join(timeout=LISTEN_BLOCK_S + 1)
+        with self._start_lock:
+            threads = dict(self._threads)
+        for inbox in threads:
+            with contextlib.suppress(redis.RedisError):
+                self._client.lpush(inbox, WAKE_SENTINEL)
+        for inbox, thread in threads.items():
+            thread.join(timeout=LISTEN_BLOCK_S + 1)
+            with contextlib.suppress(redis.RedisError):
+                self._client.delete(inbox)
         self._client.close()
 
-    def _run(self) -> None:
+    def _run(self, inbox: str) -> None:
         away: Backoff | None = None  # set while Redis cannot be reached
         while not self._closed.is_set():
             popped: list[Any] = []
@@ -86,14 +94,14 @@ class InboxListener:
                     self._client.ping()
                     away = None
                     self._waiters.reconnected()
-                item = self._client.blpop([self._inbox], timeout=LISTEN_BLOCK_S)
+                item = self._client.blpop([inbox], timeout=LISTEN_BLOCK_S)
                 if item is None:
                     continue
                 # A batch finalizes many results at once: take them in one more round trip.
                 # A reply lost on the way loses the results it popped: once back, the
                 # waiters read them where they are stored.
                 popped.append(item[1])
-                popped += self._client.lpop(self._inbox, INBOX_DRAIN) or []
+                popped += self._client.lpop(inbox, INBOX_DRAIN) or []
             except redis.RedisError as exc:
                 self._waiters.deliver(read_inbox(popped))
                 if not is_outage(exc):
@@ -126,6 +134,7 @@ class Producer:
     ) -> None:
         self._core = ProducerCore(settings or load_settings(), producer_id, cancel_on_exit)
         self._client = client or connect(self._core.settings, retry=single_try())
+        self._claim = lua.register(self._client, "claim_request_id")
         self._admit = lua.register(self._client, "admit")
         self._watch = lua.register(self._client, "watch")
         self._cancel = lua.register(self._client, "cancel")
@@ -139,20 +148,48 @@ class Producer:
     def producer_id(self) -> str:
         return self._core.producer_id
 
-    def _admitted(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
-        """An admission script's reply, tried for ``submit_retry_s`` while Redis cannot be
-        reached (it is idempotent: a retry never enqueues twice)."""
-        return call_until(self._core.submit_deadline(), partial(self._write, script, keys, args))
+    def _admitted(
+        self,
+        script: Script,
+        items: Sequence[Prepared],
+        call: Callable[[Sequence[Prepared]], tuple[list[Any], list[Any]]],
+    ) -> list[Any]:
+        """Each of ``items``' (one model's) admission status, by ``script`` with the keys and
+        args ``call`` builds, all or nothing, tried for ``submit_retry_s`` while Redis cannot
+        be reached (an admission is idempotent: a retry never enqueues twice)."""
+        admit = partial(self._admit_now, script, items, call)
+        return call_until(self._core.submit_deadline(), admit)
 
-    def _write(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
-        """``script``'s reply; with ``redis_wait_replicas``, once enough replicas have its
-        writes (else ``BrokerUnavailable``, which the admission's retries take)."""
-        if self._replica_wait is None:
-            return script(keys, args)
-        reply, replicated = self._replica_wait.call(script, keys, args)
-        if not replicated:
-            raise self._replica_wait.unconfirmed()
-        return reply
+    def _admit_now(
+        self,
+        script: Script,
+        items: Sequence[Prepared],
+        call: Callable[[Sequence[Prepared]], tuple[list[Any], list[Any]]],
+    ) -> list[Any]:
+        """``_admitted``, tried once: the callers' ids claimed for the model in one round
+        trip, then the rest in another (with ``redis_wait_replicas``, once enough replicas
+        have the writes, else ``BrokerUnavailable``)."""
+        owners: dict[str, Any] = {}
+        if any(item.callers_id for item in items):
+            claims = partial(self._core.queue_claims, items=items, script=self._claim)
+            replies = lua.execute(self._client, claims, [self._claim])
+            owners = self._core.claim_owners(items, replies)
+        admissible, statuses = self._core.after_claims(items, owners, one_by_one=False)
+        refused = self._core.claim_refusals(items, statuses)
+        if refused is not None:
+            with contextlib.suppress(redis.RedisError):  # best effort: the refusal stands
+                self._client.hincrby(*refused)
+        if not admissible:
+            return statuses
+        admission = partial(
+            self._core.queue_admission,
+            items=admissible,
+            script=script,
+            call=call(admissible),
+            replica_wait=self._replica_wait,
+        )
+        replies = lua.execute(self._client, admission, [script])
+        return self._core.admission_statuses(admissible, statuses, replies, self._replica_wait)
 
     def submit(
         self,
@@ -182,10 +219,9 @@ class Producer:
         (prepared,) = self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
-        keys, args = self._core.admit_call([prepared])
-        (reply,) = self._admitted(self._admit, keys, args)
+        (reply,) = self._admitted(self._admit, [prepared], self._core.admit_call)
         self._core.check_admission(prepared, reply)
-        self._core.submitted([prepared.request_id])
+        self._core.submitted(model, [prepared.request_id])
         return prepared.request_id
 
     def submit_many(
@@ -219,14 +255,13 @@ class Producer:
         )
         accepted: list[str] = []
         for chunk in self._core.admission_chunks(prepared):
-            keys, args = self._core.admit_call(chunk)
             try:
-                replies = self._admitted(self._admit, keys, args)
+                replies = self._admitted(self._admit, chunk, self._core.admit_call)
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
                 raise
-            self._core.submitted(ids)
+            self._core.submitted(model, ids)
             accepted.extend(ids)
         return accepted
 
@@ -287,13 +322,16 @@ class Producer:
         """
         ids = None if request_id is None else [request_id]
         (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
-        keys, args = self._core.stream_call(prepared)
-        reply = self._admitted(self._stream_admit, keys, args)
+        (reply,) = self._admitted(self._stream_admit, [prepared], self._core.stream_call)
         self._core.check_admission(prepared, reply)
-        return self._chunks(prepared.request_id, prepared.request.deadline_at)
+        self._core.remember(model, [prepared.request_id])
+        return self._chunks(prepared)
 
-    def _chunks(self, request_id: str, deadline_at: float) -> Iterator[dict[str, Any]]:
-        reader = StreamReader(self._core.keys, request_id, deadline_at)
+    def _chunks(self, prepared: Prepared) -> Iterator[dict[str, Any]]:
+        request_id = prepared.request_id
+        reader = StreamReader(
+            self._core.keys, prepared.model, request_id, prepared.request.deadline_at
+        )
         away: Backoff | None = None  # set while Redis cannot be reached
         try:
             while not reader.finished:
@@ -370,12 +408,13 @@ class Producer:
             UnknownRequest: the id was never accepted, or its result expired.
             BrokerUnavailable: Redis cannot be reached.
         """
-        record_key = self._core.keys.record(request_id)
+        model = self._models_of([request_id], deadline=monotonic())[request_id]
+        record_key = self._core.keys.record(model, request_id)
         with broker_errors():
             status = RECORD_CHANGED
             while status == RECORD_CHANGED:
                 record = self._client.get(record_key)
-                keys, args = self._core.cancel_call(request_id, record)
+                keys, args = self._core.cancel_call(model, request_id, record)
                 status = self._core.cancel_status(self._cancel(keys=keys, args=args))
         self._core.answered(request_id)
         return self._core.read_cancel(request_id, status)
@@ -384,8 +423,13 @@ class Producer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
+        try:
+            wait.models = self._models_of(wait.ids, wait.deadline)
+        except BrokerUnavailable as outage:
+            raise wait.timed_out(outage) from outage
         arrived: SimpleQueue[Arrival] = SimpleQueue()
-        self._listener.expect(wait.ids, arrived)
+        for model, ids in wait.by_model().items():
+            self._listener.expect(model, ids, arrived)
         try:
             yield from self._stored(wait)
             while wait.waiting:
@@ -406,15 +450,38 @@ class Producer:
         """Yields the stored results of the ids ``wait`` still waits for, registering this
         producer's inbox for the others: one watch call per ``submit_chunk`` ids, each tried
         until the wait's deadline while Redis cannot be reached."""
-        for batch in chunks(wait.still_waiting(), self._core.settings.submit_chunk):
-            keys, args = self._core.watch_call(batch)
-            try:
-                reply = call_until(wait.deadline, partial(self._watch, keys, args))
-            except BrokerUnavailable as outage:
-                raise wait.timed_out(outage) from outage
-            for result in self._core.read_watch(batch, reply):
-                if result is not None and wait.take(result):
-                    yield result
+        for model, ids in wait.by_model().items():
+            for batch in chunks(ids, self._core.settings.submit_chunk):
+                keys, args = self._core.watch_call(model, batch)
+                try:
+                    reply = call_until(wait.deadline, partial(self._watch, keys, args))
+                except BrokerUnavailable as outage:
+                    raise wait.timed_out(outage) from outage
+                for result in self._core.read_watch(batch, reply):
+                    if result is not None and wait.take(result):
+                        yield result
+
+    def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
+        """The model of each of ``request_ids``: those this producer admitted lately it
+        knows, the others it looks up in the index of ids, one round trip per
+        ``submit_chunk``, tried until ``deadline`` while Redis cannot be reached.
+
+        Raises:
+            UnknownRequest: an id no model knows.
+            BrokerUnavailable: Redis was away until ``deadline``.
+        """
+        models, unknown = self._core.known_models(request_ids)
+        for batch in chunks(unknown, self._core.settings.submit_chunk):
+            replies = call_until(deadline, partial(self._look_up, batch))
+            models.update(self._core.looked_up(batch, replies))
+        return models
+
+    def _look_up(self, request_ids: Sequence[str]) -> list[Any]:
+        """The index of ids' entries for ``request_ids``, in one round trip."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.get(self._core.keys.model_of(request_id))
+            return pipe.execute()
 
     def infer(
         self,
@@ -442,8 +509,6 @@ class Producer:
             with contextlib.suppress(BatchfleetError):  # best effort: closing goes on
                 self.cancel(request_id)
         self._listener.close()
-        with contextlib.suppress(redis.RedisError):
-            self._client.delete(self._core.inbox)
         self._client.close()
 
     def __enter__(self) -> Producer:

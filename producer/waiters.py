@@ -86,13 +86,21 @@ def distinct_queues(waiting: dict[str, list[ResultQueue]]) -> list[ResultQueue]:
 
 
 class ResultWait:
-    """One ``results`` call, free of I/O: the ids it asked for, those it still waits for, and
-    its deadline (``time.monotonic``)."""
+    """One ``results`` call, free of I/O: the ids it asked for, those it still waits for,
+    their models (set once known), and its deadline (``time.monotonic``)."""
 
     def __init__(self, request_ids: Sequence[str], timeout_s: float) -> None:
         self.ids = list(dict.fromkeys(request_ids))
         self.waiting = set(self.ids)
         self.deadline = monotonic() + timeout_s
+        self.models: dict[str, str] = {}
+
+    def by_model(self) -> dict[str, list[str]]:
+        """The ids still unanswered, in the order asked, by model."""
+        groups: dict[str, list[str]] = {}
+        for request_id in self.still_waiting():
+            groups.setdefault(self.models[request_id], []).append(request_id)
+        return groups
 
     def left_s(self) -> float:
         return max(self.deadline - monotonic(), 0.0)

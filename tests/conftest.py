@@ -1,6 +1,7 @@
 """Marks each test by its folder (``tests/integration`` → integration, ``tests/unit`` → unit,
 ``tests/chaos`` → chaos and slow), names the redis-server the session runs on, and fails any
-test that leaves a process or a temp folder behind.
+test that leaves a process or a temp folder behind, or that made a Lua script call in this
+process whose keys span more than one hash slot (Redis Cluster refuses those).
 
 Every process the suite starts carries ``SESSION_MARK`` in its environment, and every temp
 folder lands in one folder of the session's own; both are checked after each test and
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_slots import ScriptCalls, recorded_script_calls
 from workers.local.local_redis import describe_redis_server, redis_server_binary
 
 ROOT = Path(__file__).parent
@@ -110,3 +112,12 @@ def leaves_nothing_behind() -> Iterator[None]:
         shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
     assert not described, "processes left running:\n" + "\n".join(described)
     assert not temp_left, f"temp folders left behind: {temp_left}"
+
+
+@pytest.fixture(autouse=True)
+def script_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptCalls]:
+    """Every Lua script call the test makes in this process; each must touch one hash slot."""
+    with recorded_script_calls(monkeypatch) as calls:
+        yield calls
+    spanning = calls.cross_slot()
+    assert not spanning, f"script calls across hash slots: {spanning[:3]}"

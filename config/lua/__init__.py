@@ -1,9 +1,12 @@
 """batchfleet's Lua scripts: one ``.lua`` file each in this folder, loaded by name and
-registered with a sync or async redis-py client.
+registered with a sync or async redis-py client, or queued on a pipeline (``queue``,
+``execute``).
 
 Each file opens with what the script does and names its KEYS and ARGV as locals. Every key
-a script touches comes in through KEYS, built by ``config.keys``; stats field names come in
-through ARGV (``config.stats_fields``).
+a script touches comes in through KEYS, built by ``config.keys``, but for the inboxes an
+answer is pushed to (read from its waiters set, in the model's slot too); the keys of one call
+share one hash slot, as Redis Cluster requires. Stats field names come in through ARGV
+(``config.stats_fields``).
 
 A line ``--#include NAME.lua`` is replaced by that file's text when the script is loaded
 (``publish_answer.lua``, shared by ``finalize`` and ``cancel``, and ``server_now.lua``, by
@@ -15,14 +18,19 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
 from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoScriptError
 
 ScriptName = Literal[
+    "claim_request_id",
     "admit",
     "watch",
     "stream_admit",
@@ -61,3 +69,55 @@ def register(client: redis.Redis | aioredis.Redis, name: ScriptName) -> Script |
     """Script ``name`` registered with ``client``: call it with ``keys=`` and ``args=``
     (redis-py runs it by its SHA and loads it on a miss)."""
     return client.register_script(source(name))
+
+
+def queue(
+    pipe: Pipeline | AsyncPipeline,
+    script: Script | AsyncScript,
+    keys: Sequence[Any],
+    args: Sequence[Any],
+) -> None:
+    """Queues a call of ``script`` on ``pipe`` by its SHA alone, for ``execute``: redis-py's
+    own way asks Redis whether the script is loaded, one more round trip, on every run."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def execute(
+    client: redis.Redis, build: Callable[[Pipeline], None], scripts: Sequence[Script]
+) -> list[Any]:
+    """The replies of a pipeline (no transaction) that ``build`` fills, with ``scripts``'
+    calls queued by ``queue``. Where Redis has not loaded one of them (it restarted, failed
+    over, or flushed its scripts) they are loaded and the pipeline runs once more: every
+    command in it must be safe to repeat."""
+
+    def run() -> list[Any]:
+        with client.pipeline(transaction=False) as pipe:
+            build(pipe)
+            return pipe.execute()
+
+    try:
+        return run()
+    except NoScriptError:
+        for script in scripts:
+            client.script_load(script.script)
+        return run()
+
+
+async def execute_async(
+    client: aioredis.Redis,
+    build: Callable[[AsyncPipeline], None],
+    scripts: Sequence[AsyncScript],
+) -> list[Any]:
+    """``execute`` on an asyncio client."""
+
+    async def run() -> list[Any]:
+        async with client.pipeline(transaction=False) as pipe:
+            build(pipe)
+            return await pipe.execute()
+
+    try:
+        return await run()
+    except NoScriptError:
+        for script in scripts:
+            await client.script_load(script.script)
+        return await run()

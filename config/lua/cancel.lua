@@ -2,8 +2,8 @@
 -- yet leaves the stream at once (it never runs); one a batcher or a waiting batch holds is
 -- skipped when its batch starts (its answer exists); one on a device now runs on, and its
 -- output is discarded (first answer wins).
--- The caller reads the admission record first and passes what it read, with the keys of the
--- model named in it: the script acts only if the record still holds exactly that.
+-- The caller reads the admission record first and passes what it read: the script acts only
+-- if the record still holds exactly that.
 -- Returns 'unknown' (no record), 'changed' (the record is not what the caller read: read it
 -- again), 'final' (it had its answer), 'removed' (taken off the stream) or 'cancelled'.
 --#include publish_answer.lua
@@ -11,7 +11,6 @@
 local record_key = KEYS[1]
 local result_key = KEYS[2]
 local waiters_key = KEYS[3]
--- Only for a queued request (its record names its entry and model):
 local stats = KEYS[4]
 local stream = KEYS[5]
 

@@ -73,7 +73,7 @@ class WriteObserver:
 
     def __init__(self, url: str, keys: Keys) -> None:
         self.url = url
-        self.result_prefix = keys.result("")
+        self.result_prefix = keys.result(MODEL, "")
         self.writes: Counter[str] = Counter()
         self.subscribed = threading.Event()
         self._marker = f"write-observer:{uuid.uuid4().hex}"
@@ -266,7 +266,7 @@ class ChaosFleet:
         stored = {}
         for start in range(0, len(request_ids), 500):
             chunk = request_ids[start : start + 500]
-            raws = self.client.mget([self.keys.result(request_id) for request_id in chunk])
+            raws = self.client.mget([self.keys.result(MODEL, request_id) for request_id in chunk])
             for request_id, raw in zip(chunk, raws, strict=True):
                 if raw is not None:
                     stored[request_id] = Result.model_validate_json(raw)

@@ -163,7 +163,7 @@ def test_untrusted_input_is_refused_typed_and_harms_no_one(
     assert batcher.poll() is None and worker.poll() is None, fleet.processes.logs()
     assert "pickle" in fleet.processes.logs()
     for request_id in ("no-input", "nan", "huge"):  # entries that name their request
-        raw = fleet.client.get(fleet.keys.result(request_id))
+        raw = fleet.client.get(fleet.keys.result(MODEL, request_id))
         assert raw is not None, request_id
         error = Result.decode(raw).error
         assert error is not None and error.code == "invalid_input", (request_id, error)

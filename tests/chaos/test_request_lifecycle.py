@@ -97,7 +97,7 @@ def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
         (entry,) = fleet.client.xrange(fleet.keys.stream(MODEL))
         fleet.processes.start("worker", "--cpu")
         assert producer.result(request_id, timeout_s=30) == {"echo": ledger.accepted[request_id]}
-        wait_until(lambda: not fleet.client.exists(fleet.keys.result(request_id)))
+        wait_until(lambda: not fleet.client.exists(fleet.keys.result(MODEL, request_id)))
         with pytest.raises(UnknownRequest):
             producer.result(request_id, timeout_s=5)
         fleet.deliver_again(entry, "late-duplicate")

@@ -146,7 +146,9 @@ def test_cancelling_the_task_that_awaits_a_result_cancels_the_request(
             # No worker runs: only the cancel can end this wait, however slow the machine.
             waiting = asyncio.create_task(producer.result(request_id, timeout_s=3600))
             give_up = time.monotonic() + 60
-            while not await client.exists(keys.waiters(request_id)):  # the caller waits now
+            while not await client.exists(
+                keys.waiters("synthetic", request_id)
+            ):  # the caller waits now
                 assert time.monotonic() < give_up, "the caller never started waiting"
                 await asyncio.sleep(0.01)
             waiting.cancel()

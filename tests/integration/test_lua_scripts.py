@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import fakeredis
@@ -65,9 +66,23 @@ def core(settings: Settings) -> ProducerCore:
 
 
 def admit(client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared]) -> list[str]:
-    """The admission script's statuses for ``chunk``, called as the producer calls it."""
-    keys, args = core.admit_call(chunk)
-    return [to_text(status) for status in lua.register(client, "admit")(keys=keys, args=args)]
+    """The admission script's statuses for ``chunk``, called as the producer calls it: the
+    callers' ids claimed first, every id indexed."""
+    claim = lua.register(client, "claim_request_id")
+    claims = partial(core.queue_claims, items=chunk, script=claim)
+    owners = core.claim_owners(chunk, lua.execute(client, claims, [claim]))
+    assert {to_text(owner) for owner in owners.values()} <= {MODEL}
+    script = lua.register(client, "admit")
+    admission = partial(
+        core.queue_admission,
+        items=chunk,
+        script=script,
+        call=core.admit_call(chunk),
+        replica_wait=None,
+    )
+    replies = lua.execute(client, admission, [script])
+    statuses = core.admission_statuses(chunk, [None] * len(chunk), replies, None)
+    return [to_text(status) for status in statuses]
 
 
 def prepare(core: ProducerCore, *inputs: Any, ids: Sequence[str] | None = None) -> list[Prepared]:
@@ -275,16 +290,16 @@ def test_watch_answers_done_pending_or_unknown(
     admit(store, core, [done, pending])
     ResultWriter(store, keys, MODEL).finalize([answer(done, entry_of(store, done))])
     ids = [done.request_id, pending.request_id]
-    call_keys, args = core.watch_call(ids)
+    call_keys, args = core.watch_call(MODEL, ids)
     result, waiting = core.read_watch(ids, watch(keys=call_keys, args=args))
     assert result is not None and result.output == ["out", "a"]
     assert waiting is None
-    assert store.smembers(keys.waiters(pending.request_id)) == {core.inbox.encode()}
-    assert 0 < store.pttl(keys.waiters(pending.request_id)) <= pending.record_ttl_ms
-    assert not store.exists(keys.waiters(done.request_id))
+    assert store.smembers(keys.waiters(MODEL, pending.request_id)) == {core.inbox(MODEL).encode()}
+    assert 0 < store.pttl(keys.waiters(MODEL, pending.request_id)) <= pending.record_ttl_ms
+    assert not store.exists(keys.waiters(MODEL, done.request_id))
 
     ids = [pending.request_id, "never"]
-    call_keys, args = core.watch_call(ids)
+    call_keys, args = core.watch_call(MODEL, ids)
     with pytest.raises(UnknownRequest):
         core.read_watch(ids, watch(keys=call_keys, args=args))
 
@@ -301,8 +316,9 @@ def test_stream_admit_takes_a_request_only_to_a_lane_a_worker_serves(
     lane = keys.stream_lane(MODEL)
 
     def submit(item: Prepared) -> str:
-        call_keys, args = core.stream_call(item)
-        return to_text(stream_admit(keys=call_keys, args=args))
+        call_keys, args = core.stream_call([item])
+        (status,) = stream_admit(keys=call_keys, args=args)
+        return to_text(status)
 
     (first,) = prepare(core, "a", ids=["s1"])
     assert submit(first) == "unstreamable"
@@ -357,14 +373,14 @@ def test_cancel_removes_a_request_no_batcher_has_read(
     store.xgroup_create(keys.stream(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
     (item,) = prepare(core, "a")
     admit(store, core, [item])
-    store.sadd(keys.waiters(item.request_id), keys.inbox("p1"))
+    store.sadd(keys.waiters(MODEL, item.request_id), keys.inbox(MODEL, "p1"))
     assert producer.cancel(item.request_id) is True
     assert store.xlen(keys.stream(MODEL)) == 0
     result = Result.decode(store.get(item.result_key))
     assert result.error is not None and result.error.code == "cancelled"
     assert result.model == MODEL
-    assert Result.decode(store.lpop(keys.inbox("p1"))).request_id == item.request_id
-    assert not store.exists(keys.waiters(item.request_id))
+    assert Result.decode(store.lpop(keys.inbox(MODEL, "p1"))).request_id == item.request_id
+    assert not store.exists(keys.waiters(MODEL, item.request_id))
     # The record now expires with the answer (one script set both to the result TTL), no
     # longer a request lifetime later; read in one round trip, the two differ by at most the
     # milliseconds between the reads.
@@ -396,7 +412,7 @@ def test_cancel_acts_only_on_the_record_its_caller_read(
     """A record changed since the caller read it is left alone (``changed``: read again)."""
     (item,) = prepare(core, "a")
     admit(store, core, [item])
-    call_keys, args = core.cancel_call(item.request_id, b"an older record")
+    call_keys, args = core.cancel_call(MODEL, item.request_id, b"an older record")
     assert to_text(lua.register(store, "cancel")(keys=call_keys, args=args)) == "changed"
     assert store.get(item.result_key) is None
 
@@ -405,16 +421,17 @@ def test_cancel_answers_a_cached_request_without_touching_a_stream(
     store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
 ) -> None:
     """A record without an entry (a cache hit, a streaming request) is answered
-    ``cancelled`` unless it has its answer already; its model is not known (``""``)."""
+    ``cancelled`` unless it has its answer already."""
     cache_one(store, core, keys, "v1")
     (item,) = prepare(core, "a")
     admit(store, core, [item])
     assert producer.cancel(item.request_id) is False
     stream_item = prepare(core, "b")[0]
     store.set(stream_item.record_key, stream_item.digest, px=60_000)
+    store.set(keys.model_of(stream_item.request_id), MODEL, px=60_000)
     assert producer.cancel(stream_item.request_id) is True
     result = Result.decode(store.get(stream_item.result_key))
-    assert result.error is not None and result.model == ""
+    assert result.error is not None and result.model == MODEL
 
 
 # FINALIZE
@@ -439,10 +456,10 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     first, second = queued(store, core, keys, "a", "b")
     entry = entry_of(store, first)
     store.hset(keys.attempts(MODEL), entry, 1)
-    store.sadd(keys.waiters(first.request_id), keys.inbox("p1"))
+    store.sadd(keys.waiters(MODEL, first.request_id), keys.inbox(MODEL, "p1"))
     assert writer.finalize([answer(first, entry)]) == ["written"]
-    assert Result.decode(store.lpop(keys.inbox("p1"))).output == ["out", "a"]
-    assert not store.exists(keys.waiters(first.request_id))
+    assert Result.decode(store.lpop(keys.inbox(MODEL, "p1"))).output == ["out", "a"]
+    assert not store.exists(keys.waiters(MODEL, first.request_id))
     assert store.pttl(first.record_key) <= 60_000
     assert not store.hexists(keys.attempts(MODEL), entry)
 
@@ -495,19 +512,19 @@ def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
     first, second, third = items
     assert writer.finalize([answer(first, entries[0])]) == ["written"]
     for item in items:
-        store.sadd(keys.waiters(item.request_id), keys.inbox("p1"))
-    store.sadd(keys.waiters(second.request_id), keys.inbox("p2"))
+        store.sadd(keys.waiters(MODEL, item.request_id), keys.inbox(MODEL, "p1"))
+    store.sadd(keys.waiters(MODEL, second.request_id), keys.inbox(MODEL, "p2"))
 
     answers = [answer(item, entry) for item, entry in zip(items, entries, strict=True)]
     assert writer.finalize(answers) == ["duplicate", "written", "written"]
 
     def inbox(producer: str) -> list[Any]:
-        raws = store.lrange(keys.inbox(producer), 0, -1)
+        raws = store.lrange(keys.inbox(MODEL, producer), 0, -1)
         return sorted(Result.decode(raw).output for raw in raws)
 
     assert inbox("p1") == [["out", "b"], ["out", "c"]]  # "a" had its answer before p1 waited
     assert inbox("p2") == [["out", "b"]]
-    assert 0 < store.pttl(keys.inbox("p1")) <= 60_000
+    assert 0 < store.pttl(keys.inbox(MODEL, "p1")) <= 60_000
     assert Result.decode(store.get(third.result_key)).output == ["out", "c"]
     assert store.xlen(keys.stream(MODEL)) == 0
     assert store.xpending(keys.stream(MODEL), CONSUMER_GROUP)["pending"] == 0
@@ -526,7 +543,7 @@ def test_count_device_deaths_counts_only_entries_of_gone_devices(
     entries = [entry_of(store, item) for item in (on_gone, on_live, elsewhere)]
     store.xclaim(stream, CONSUMER_GROUP, gone, 0, [entries[0]], justid=True)
     store.xclaim(stream, CONSUMER_GROUP, live, 0, [entries[1]], justid=True)
-    node_heartbeat(store, keys, NodeBeat("w2", live, {}, [], ttl_s=60))
+    node_heartbeat(store, keys, NodeBeat("w2", live, {}, [MODEL], ttl_s=60))
     store.hset(keys.attempts(MODEL), entries[2], 1)
     claimer = worker_consumer("w3")
     assert writer.count_device_deaths(claimer, entries) == [1, None, 1]
@@ -579,13 +596,13 @@ def test_node_heartbeat_keeps_a_device_alive_and_renews_only_its_own_gpu_claim(
     """The device consumer is scored by its expiry and expired ones pruned; a claim held by
     this owner or nobody is renewed, one another owner took is not (held False)."""
     claim = keys.gpu_claim("GPU-1")
-    store.zadd(keys.devices(), {"expired:device": 1.0})
-    beat = NodeBeat("w1", "w1:device", {}, [], ttl_s=60, gpu_claim=GpuClaim(claim, "w1"))
-    assert node_heartbeat(store, keys, beat) == ({}, True)
+    store.zadd(keys.devices(MODEL), {"expired:device": 1.0})
+    beat = NodeBeat("w1", "w1:device", {}, [MODEL], ttl_s=60, gpu_claim=GpuClaim(claim, "w1"))
+    assert node_heartbeat(store, keys, beat) == ({MODEL: 0}, True)
     assert store.get(claim) == b"w1" and 0 < store.pttl(claim) <= 60_000
-    assert store.zrange(keys.devices(), 0, -1) == [b"w1:device"]
+    assert store.zrange(keys.devices(MODEL), 0, -1) == [b"w1:device"]
     store.set(claim, "w2")
-    assert node_heartbeat(store, keys, beat) == ({}, False)
+    assert node_heartbeat(store, keys, beat) == ({MODEL: 0}, False)
     assert store.get(claim) == b"w2"
 
 

@@ -34,7 +34,7 @@ def test_submit_enqueues_one_entry_and_returns_an_id(
     """An accepted request is one stream entry and has an admission record."""
     request_id = producer.submit("synthetic", {"text": "hi"})
     assert queued(fake_redis) == 1
-    assert fake_redis.exists(Keys("bf").record(request_id))
+    assert fake_redis.exists(Keys("bf").record("synthetic", request_id))
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_an_id_conflict_in_a_call_enqueues_nothing_and_names_the_reused_ids(
         producer.submit_many("synthetic", ["other", "new"], request_ids=["dup-1", "new-1"])
     assert caught.value.conflicting_ids == ["dup-1"] and caught.value.accepted_ids == []
     assert queued(fake_redis) == 1
-    assert fake_redis.get(Keys("bf").record("new-1")) is None
+    assert fake_redis.get(Keys("bf").record("synthetic", "new-1")) is None
     assert int(fake_redis.hget(Keys("bf").stats("synthetic"), "refused:id_conflict")) == 1
 
 

@@ -105,7 +105,7 @@ def add_worker(client: fakeredis.FakeRedis, slots: int = 1) -> None:
 
 
 def stored_result(client: fakeredis.FakeRedis, request_id: str) -> Result:
-    raw = client.get(KEYS.result(request_id))
+    raw = client.get(KEYS.result("synthetic", request_id))
     assert raw is not None, f"no result for {request_id}"
     return Result.decode(raw)
 
@@ -152,7 +152,7 @@ def test_expired_request_gets_an_expired_error_and_is_never_sent(
     add_worker(fake_redis)
     prepared = ProducerCore(settings).prepare("synthetic", "late", deadline_s=5)
     stale = prepared.request.model_copy(update={"deadline_at": time.time() - 1})
-    fake_redis.set(KEYS.record(stale.request_id), stale.digest)
+    fake_redis.set(KEYS.record("synthetic", stale.request_id), stale.digest)
     fake_redis.xadd(STREAM, {STREAM_FIELD: stale.encode()})
     batcher.step()
     batcher.step()
@@ -237,10 +237,12 @@ def test_redelivered_batch_keeps_the_first_answer(
     """Running the same batch twice does not write a second, different answer."""
     ids = producer.submit_many("synthetic", [1, 2, 3, 4])
     run_one_batch(runtime, fake_redis, batcher, celery)
-    first = {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids}
+    first = {request_id: fake_redis.get(KEYS.result("synthetic", request_id)) for request_id in ids}
     summary = runtime.run_batch(BatchTask(*celery.sent[-1]["args"]))
     assert summary["ran"] == 0
-    assert {request_id: fake_redis.get(KEYS.result(request_id)) for request_id in ids} == first
+    assert {
+        request_id: fake_redis.get(KEYS.result("synthetic", request_id)) for request_id in ids
+    } == first
 
 
 @dataclass
@@ -332,7 +334,7 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
     runtime.run_batch(BatchTask(*celery.sent[0]["args"]))
     rode_along = [first, *later[:3]]
     assert {stored_result(fake_redis, rid).batch_size for rid in rode_along} == {4}
-    assert not any(fake_redis.exists(KEYS.result(rid)) for rid in later[3:])
+    assert not any(fake_redis.exists(KEYS.result("synthetic", rid)) for rid in later[3:])
     assert fake_redis.xlen(STREAM) == 2
 
 
@@ -476,12 +478,12 @@ def test_a_redelivered_batch_leaves_what_a_live_device_is_running_to_it(
     (its batcher sent it again, or another slot runs it): that request is left to that run,
     with no attempt counted and no second execution; the rest run."""
     live = device_consumer("other", "alive")
-    node_heartbeat(fake_redis, KEYS, NodeBeat("other", live, {}, [], ttl_s=30))
+    node_heartbeat(fake_redis, KEYS, NodeBeat("other", live, {}, ["synthetic"], ttl_s=30))
     ids, args = one_batch_first_on(
         live, ["running elsewhere", "waiting"], producer, batcher, celery, fake_redis
     )
     runtime.run_batch(BatchTask(*args), redelivered=True)
-    assert not fake_redis.exists(KEYS.result(ids[0]))
+    assert not fake_redis.exists(KEYS.result("synthetic", ids[0]))
     held = fake_redis.xpending_range(STREAM, CONSUMER_GROUP, "-", "+", 10)
     assert [(row["message_id"].decode(), row["consumer"].decode()) for row in held] == [
         (args[2][0][0], live)

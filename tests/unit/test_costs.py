@@ -86,13 +86,15 @@ def test_an_input_over_the_budget_alone_is_answered_invalid_input(
     too_long, short = producer.submit_many("words", [" ".join(["w"] * 13), "short one"])
     batcher.step()
     batcher.step()
-    raw = fake_redis.get(KEYS.result(too_long))
+    raw = fake_redis.get(KEYS.result("words", too_long))
     assert raw is not None
     error = Result.decode(raw).error
     assert error is not None and error.code == "invalid_input"
     assert "costs 13, over the model's max_batch_cost of 12" in error.message
     assert [batched_inputs(args) for args in recorder.sent] == [["short one"]]
-    assert fake_redis.get(KEYS.result(short)) is None, "the short one is batched, not answered"
+    assert fake_redis.get(KEYS.result("words", short)) is None, (
+        "the short one is batched, not answered"
+    )
 
 
 def test_costs_without_a_cost_method_are_a_config_error() -> None:

@@ -155,7 +155,7 @@ def test_each_worker_beat_publishes_its_status_and_marks_its_device_alive(
     assert (published[b"batches:synthetic"], published[b"requests:synthetic"]) == (b"1", b"8")
     assert float(published[b"busy_s"]) == 0.25
     assert 0 < fake_redis.pttl(KEYS.node("gpu0@h")) <= 3000
-    assert fake_redis.zscore(KEYS.devices(), runtime.device.consumer) is not None
+    assert fake_redis.zscore(KEYS.devices("synthetic"), runtime.device.consumer) is not None
 
 
 def test_replicas_started_with_gpu_auto_take_one_gpu_each(

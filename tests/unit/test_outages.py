@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import fakeredis
@@ -29,21 +29,55 @@ def server_of(client: fakeredis.FakeRedis) -> fakeredis.FakeServer:
     return client.connection_pool.connection_kwargs["server"]
 
 
-class DropsReplies(fakeredis.FakeRedis):
-    """A client on which the first ``drops`` calls of command ``name`` run on the server but
-    lose their reply, as when a connection breaks after Redis acted."""
+class Drops:
+    """How many replies of command ``name`` are still to lose."""
 
-    def __init__(self, *args: Any, name: str, drops: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str, drops: int) -> None:
         self.name = name
         self.drops = drops
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        reply = super().execute_command(*args, **options)
-        if str(args[0]).upper() == self.name and self.drops > 0:
+    def after(self, commands: Sequence[Sequence[Any]]) -> None:
+        """Called once ``commands`` ran on the server: loses their reply, while drops last,
+        where one of them is ``name``."""
+        if self.drops > 0 and any(str(args[0]).upper() == self.name for args in commands):
             self.drops -= 1
             raise redis.ConnectionError("Connection closed by server.")
+
+
+def stack(pipe: Any) -> list[Sequence[Any]]:
+    return [args for args, _ in pipe.command_stack]
+
+
+class DropsReplies(fakeredis.FakeRedis):
+    """A client on which the first ``drops`` calls of command ``name`` (alone, or in a
+    pipeline) run on the server but lose their reply, as when a connection breaks after
+    Redis acted."""
+
+    def __init__(self, *args: Any, name: str, drops: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lost = Drops(name, drops)
+
+    @property
+    def drops(self) -> int:
+        return self.lost.drops
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = super().execute_command(*args, **options)
+        self.lost.after([args])
         return reply
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        def dropping(raise_on_error: bool = True) -> Any:
+            commands = stack(pipe)
+            reply = execute(raise_on_error)
+            self.lost.after(commands)
+            return reply
+
+        pipe.execute = dropping
+        return pipe
 
 
 def answer(request_id: str) -> str:
@@ -72,7 +106,7 @@ def test_submit_waits_for_redis_to_come_back(
     threading.Timer(0.3, lambda: setattr(server_of(fake_redis), "connected", True)).start()
     request_id = producer.submit("synthetic", 1)
     assert fake_redis.xlen(STREAM) == 1
-    assert fake_redis.exists(KEYS.record(request_id))
+    assert fake_redis.exists(KEYS.record("synthetic", request_id))
 
 
 def test_a_retried_admission_whose_reply_was_lost_enqueues_once(settings: Settings) -> None:
@@ -114,10 +148,10 @@ def test_results_popped_with_a_lost_reply_are_read_from_where_they_are_stored(
         got: list[Result] = []
         waiter = threading.Thread(target=lambda: got.extend(producer.results(ids, timeout_s=30)))
         waiter.start()
-        wait_until(lambda: all(fake_redis.exists(KEYS.waiters(i)) for i in ids))
+        wait_until(lambda: all(fake_redis.exists(KEYS.waiters("synthetic", i)) for i in ids))
         for request_id in ids:  # as the finalize script writes a batch's answers
-            fake_redis.set(KEYS.result(request_id), answer(request_id))
-        fake_redis.lpush(KEYS.inbox(producer.producer_id), *(answer(i) for i in ids))
+            fake_redis.set(KEYS.result("synthetic", request_id), answer(request_id))
+        fake_redis.lpush(KEYS.inbox("synthetic", producer.producer_id), *(answer(i) for i in ids))
         waiter.join(timeout=30)
     assert listen.drops == 0
     assert sorted(result.request_id for result in got) == sorted(ids)
@@ -128,15 +162,29 @@ class AsyncDropsReplies(fakeredis.aioredis.FakeRedis):
 
     def __init__(self, *args: Any, name: str, drops: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.name = name
-        self.drops = drops
+        self.lost = Drops(name, drops)
+
+    @property
+    def drops(self) -> int:
+        return self.lost.drops
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         reply = await super().execute_command(*args, **options)
-        if str(args[0]).upper() == self.name and self.drops > 0:
-            self.drops -= 1
-            raise redis.ConnectionError("Connection closed by server.")
+        self.lost.after([args])
         return reply
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def dropping(raise_on_error: bool = True) -> Any:
+            commands = stack(pipe)
+            reply = await execute(raise_on_error)
+            self.lost.after(commands)
+            return reply
+
+        pipe.execute = dropping
+        return pipe
 
 
 def test_the_async_producer_reads_what_a_lost_reply_popped(settings: Settings) -> None:
@@ -150,11 +198,13 @@ def test_the_async_producer_reads_what_a_lost_reply_popped(settings: Settings) -
         async with AsyncProducer(settings, client=client, listen_client=listen) as producer:
             ids = await producer.submit_many("synthetic", [1, 2, 3])
             waiting = asyncio.create_task(collect(producer.results(ids, timeout_s=30)))
-            while not all([await client.exists(KEYS.waiters(i)) for i in ids]):
+            while not all([await client.exists(KEYS.waiters("synthetic", i)) for i in ids]):
                 await asyncio.sleep(0.01)
             for request_id in ids:
-                await client.set(KEYS.result(request_id), answer(request_id))
-            await client.lpush(KEYS.inbox(producer.producer_id), *(answer(i) for i in ids))
+                await client.set(KEYS.result("synthetic", request_id), answer(request_id))
+            await client.lpush(
+                KEYS.inbox("synthetic", producer.producer_id), *(answer(i) for i in ids)
+            )
             return ids, await waiting, await client.xlen(STREAM)
 
     ids, got, queued = asyncio.run(scenario())

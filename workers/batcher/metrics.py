@@ -1,7 +1,7 @@
 """Prometheus metrics the batcher serves: the fleet's view of each model, read from Redis.
 
 Queue depth and oldest request age, and the request and batch counters that producers,
-batchers and workers keep in ``bf:m:{model}:stats`` (fields named in ``config.stats_fields``),
+batchers and workers keep in ``bf:{m:MODEL}:stats`` (fields named in ``config.stats_fields``),
 read at scrape time. Every batcher of a
 fleet serves the same figures (aggregate them with ``max``, not ``sum``).
 """

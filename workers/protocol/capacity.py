@@ -140,9 +140,11 @@ def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dic
     False when another worker holds its GPU claim (Redis lost it while frozen or
     restarted)."""
     pipe = client.pipeline(transaction=False)
-    lua.register(client, "device_heartbeat")(
-        keys=[keys.devices()], args=[beat.device_consumer, beat.ttl_s], client=pipe
-    )
+    device_heartbeat = lua.register(client, "device_heartbeat")
+    for model in beat.models:
+        device_heartbeat(
+            keys=[keys.devices(model)], args=[beat.device_consumer, beat.ttl_s], client=pipe
+        )
     node = keys.node(beat.hostname)
     pipe.delete(node)
     if beat.status:

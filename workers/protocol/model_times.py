@@ -2,7 +2,7 @@
 
 A worker keeps, per model, an exponentially weighted mean of its model calls' time in
 power-of-two size buckets (1, 2, 4, …) and publishes them every heartbeat in
-``bf:m:{model}:model_time`` (the last worker to beat wins: the fleet's devices are alike). A
+``bf:{m:MODEL}:model_time`` (the last worker to beat wins: the fleet's devices are alike). A
 batcher reads them at most every ``REFRESH_S`` and prices a batch at the mean of the smallest
 bucket that holds its size, or, past the largest one measured, at that one scaled by size.
 """

@@ -149,9 +149,9 @@ class ResultWriter:
                 result = answer.result
                 payload, counted_as = encode_answer(result)
                 keys += [
-                    self._keys.result(result.request_id),
-                    self._keys.record(result.request_id),
-                    self._keys.waiters(result.request_id),
+                    self._keys.result(self._model, result.request_id),
+                    self._keys.record(self._model, result.request_id),
+                    self._keys.waiters(self._model, result.request_id),
                 ]
                 args += [payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
                 args += [counted_as, latency_sample(result)]
@@ -221,7 +221,7 @@ class ResultWriter:
             keys=[
                 self._keys.stream(self._model),
                 self._keys.attempts(self._model),
-                self._keys.devices(),
+                self._keys.devices(self._model),
             ],
             args=[CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, consumer, *entry_ids],
         )
@@ -248,7 +248,7 @@ class ResultWriter:
                 justid=True,
             )
         if request_ids:
-            pipe.mget([self._keys.result(request_id) for request_id in request_ids])
+            pipe.mget([self._keys.result(self._model, request_id) for request_id in request_ids])
         replies = pipe.execute()
         if not request_ids:
             return []

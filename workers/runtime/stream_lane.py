@@ -1,9 +1,9 @@
 """The streaming lane: requests that stream their output skip the micro-batcher.
 
-A producer appends a streaming request to ``bf:m:{model}:stream_lane``; every worker serving a
+A producer appends a streaming request to ``bf:{m:MODEL}:stream_lane``; every worker serving a
 model that can ``stream(item)`` reads that lane (consumer group ``streamers``) and runs each
 request on its own, up to ``worker.stream_concurrency`` at once, beside its batches. Each chunk goes
-to ``bf:chunks:{request_id}`` in order, for the caller to read; the last carries the finish
+to ``bf:{m:MODEL}:chunks:ID`` in order, for the caller to read; the last carries the finish
 reason and usage, and the complete text is written as the request's result. A request
 answered before it starts (cancelled) is dropped, one past its deadline answered
 ``expired``; a chunk written after the request got another answer (its caller cancelled it,
@@ -139,7 +139,7 @@ class StreamLane:
         except WireFormatError:
             self._done(entry_id)
             return
-        if self._client.exists(self._keys.result(request.request_id)):
+        if self._client.exists(self._keys.result(self._model, request.request_id)):
             self._done(entry_id)  # cancelled, or its caller went away, while it queued
             return
         if request.deadline_at <= time.time():
@@ -168,9 +168,9 @@ class StreamLane:
     def _send(self, request: Request, chunk: dict[str, Any], entry_id: str) -> bool:
         """Appends a chunk for the caller and keeps the lane entry's lease, in one round trip;
         True when the request already has its answer (stop streaming)."""
-        chunks_key = self._keys.chunks(request.request_id)
+        chunks_key = self._keys.chunks(self._model, request.request_id)
         pipe = self._client.pipeline(transaction=False)
-        pipe.exists(self._keys.result(request.request_id))
+        pipe.exists(self._keys.result(self._model, request.request_id))
         pipe.xadd(chunks_key, encode_chunk(chunk), maxlen=CHUNKS_KEPT, approximate=True)
         pipe.pexpire(chunks_key, int(self._policy.result_ttl_s * 1000))
         pipe.xclaim(self._lane, STREAM_GROUP, self._consumer, 0, [entry_id], justid=True)
@@ -228,7 +228,7 @@ class StreamLane:
         now = seconds + micros / 1e6
         pipe = self._client.pipeline(transaction=False)
         for row in idle:
-            pipe.zscore(self._keys.devices(), row["consumer"])
+            pipe.zscore(self._keys.devices(self._model), row["consumer"])
         alive_until = pipe.execute()
         gone = [
             row["message_id"]
