@@ -8,6 +8,7 @@ the password is the master's, the sentinels' own is ``redis_sentinel_password``.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,14 +24,31 @@ SENTINEL_PORT = 26379
 
 
 def sentinel_options(settings: Settings) -> dict[str, Any]:
-    """How to talk to the sentinels themselves: socket timeouts, and their own password."""
+    """How to talk to the sentinels themselves: socket timeouts, their own password, TLS."""
     options: dict[str, Any] = {
         "socket_timeout": settings.redis_socket_timeout_s,
         "socket_connect_timeout": settings.redis_socket_timeout_s,
+        **sentinel_tls(settings),
     }
     if settings.redis_sentinel_password is not None:
         options["password"] = settings.redis_sentinel_password.get_secret_value()
     return options
+
+
+def sentinel_tls(settings: Settings) -> dict[str, Any]:
+    """redis-py's options for TLS to the sentinels and their master
+    (``redis_sentinel_tls_ca``); none without it."""
+    if settings.redis_sentinel_tls_ca is None:
+        return {}
+    return {"ssl": True, **broker_tls(settings)}
+
+
+def broker_tls(settings: Settings) -> dict[str, Any]:
+    """kombu's (``broker_use_ssl``) options for TLS to a Sentinel group's master, verified
+    against ``redis_sentinel_tls_ca``; none without it."""
+    if settings.redis_sentinel_tls_ca is None:
+        return {}
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(settings.redis_sentinel_tls_ca)}
 
 
 # How often a Sentinel client asks the sentinels which host is master (see MasterCheck).
@@ -99,4 +117,5 @@ def sentinel_group(settings: Settings, sentinel: Callable[..., SentinelT]) -> Se
         username=unquote(first.username) if first.username else None,
         password=unquote(first.password) if first.password else None,
         db=int(database),
+        **sentinel_tls(settings),
     )

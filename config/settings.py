@@ -174,6 +174,9 @@ class Settings(BaseSettings):
     redis_sentinel_master: str | None = None
     # The sentinels' own password, where they require one (``requirepass`` in their config).
     redis_sentinel_password: SecretStr | None = None
+    # TLS to the sentinels and to the master they name, its certificate verified against this
+    # CA file (PEM); unset, both are plain TCP.
+    redis_sentinel_tls_ca: Path | None = None
     # Admission and every answer write wait until this many replicas have them (Redis
     # ``WAIT``), so that a failover loses neither; 0 (the default) waits for none.
     redis_wait_replicas: int = Field(0, ge=0)
@@ -213,6 +216,8 @@ class Settings(BaseSettings):
             raise ValueError("a sentinel:// redis_url needs redis_sentinel_master (its name)")
         if self.redis_sentinel_master and not sentinel:
             raise ValueError("redis_sentinel_master is set, but redis_url is not sentinel://")
+        if self.redis_sentinel_tls_ca is not None and not sentinel:
+            raise ValueError("redis_sentinel_tls_ca is set, but redis_url is not sentinel://")
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,20 +19,25 @@ from workers.models.synthetic import expected_output
 
 from .conftest import check_outputs, producer_for, wait_ready
 from .test_flower import AUTH, poll
+from .test_security import make_certificates
+
+SENTINEL_PASSWORD = "sentinel-" + uuid.uuid4().hex[:8]
 
 pytestmark = pytest.mark.sentinel
 
 
-@pytest.fixture
-def sentinel_fleet() -> Iterator[LocalFleet]:
-    """A fleet whose only Redis setting is a Sentinel group's URL and master name."""
-    with SentinelGroup() as group:
+@contextmanager
+def fleet_on(group: SentinelGroup, **settings: str) -> Iterator[LocalFleet]:
+    """A fleet whose Redis settings are the Sentinel group's URL and master name, and
+    ``settings`` (``BATCHFLEET_`` names)."""
+    with group:
         fleet = LocalFleet(
             {
                 "BATCHFLEET_REDIS_URL": group.url,
                 "BATCHFLEET_REDIS_SENTINEL_MASTER": NAME,
                 "BATCHFLEET_KEY_PREFIX": f"t{uuid.uuid4().hex[:10]}",
                 "FLOWER_BASIC_AUTH": ":".join(AUTH),
+                **settings,
             }
         )
         try:
@@ -39,9 +46,45 @@ def sentinel_fleet() -> Iterator[LocalFleet]:
             fleet.close()
 
 
+@pytest.fixture
+def sentinel_fleet() -> Iterator[LocalFleet]:
+    """A fleet whose only Redis setting is a Sentinel group's URL and master name."""
+    with fleet_on(SentinelGroup()) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def tls_sentinel_fleet(tmp_path: Path) -> Iterator[LocalFleet]:
+    """A fleet on a Sentinel group reached over TLS only (certificates verified), whose
+    sentinels require a password."""
+    certs = make_certificates(tmp_path)
+    group = SentinelGroup(password=SENTINEL_PASSWORD, tls=certs)
+    tls = {
+        "BATCHFLEET_REDIS_SENTINEL_PASSWORD": SENTINEL_PASSWORD,
+        "BATCHFLEET_REDIS_SENTINEL_TLS_CA": str(certs / "ca.pem"),
+    }
+    with fleet_on(group, **tls) as fleet:
+        yield fleet
+
+
 def test_every_process_reaches_the_master_through_the_sentinels(
     sentinel_fleet: LocalFleet,
 ) -> None:
+    """Requests are answered in batches, and Flower shows the batch tasks and the worker."""
+    serve_and_show_in_flower(sentinel_fleet)
+
+
+@pytest.mark.tls
+def test_every_process_reaches_sentinels_that_want_tls_and_a_password(
+    tls_sentinel_fleet: LocalFleet,
+) -> None:
+    """The same over TLS to the sentinels and the master, with the sentinels' password;
+    nothing reaches them in the clear (their URL names TLS ports only)."""
+    serve_and_show_in_flower(tls_sentinel_fleet)
+    assert SENTINEL_PASSWORD not in tls_sentinel_fleet.logs()
+
+
+def serve_and_show_in_flower(sentinel_fleet: LocalFleet) -> None:
     """Requests are answered in batches, and Flower shows the batch tasks and the worker."""
     port = free_port()
     sentinel_fleet.start("batcher")

@@ -3,7 +3,10 @@ broker are built with (no sockets: nothing connects until a command is sent)."""
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
+import redis.sentinel
 
 from config.connection import connect
 from config.errors import ConfigError
@@ -56,3 +59,18 @@ def test_the_celery_broker_uses_kombus_sentinel_transport_with_the_same_names() 
     assert options["sentinel_kwargs"]["password"] == "sentinel pw"
     with app.connection_for_write() as connection:
         assert isinstance(connection.transport, SentinelTransport)
+
+
+def test_tls_to_the_sentinels_reaches_every_client_and_the_broker() -> None:
+    """With a CA file, the sentinels, the master and Celery's broker are reached over TLS,
+    certificates verified; a CA without a Sentinel URL is refused."""
+    settings = sentinel_settings(redis_sentinel_tls_ca="/etc/batchfleet/ca.pem")
+    sentinels = sentinel_group(settings, redis.sentinel.Sentinel)
+    assert sentinels.sentinel_kwargs["ssl"] is True
+    assert sentinels.connection_kwargs["ssl_ca_certs"] == "/etc/batchfleet/ca.pem"
+    assert sentinels.connection_kwargs["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    app = make_celery_app(settings)
+    assert app.conf.broker_use_ssl["ssl_ca_certs"] == "/etc/batchfleet/ca.pem"
+    assert app.conf.broker_transport_options["sentinel_kwargs"]["ssl"] is True
+    with pytest.raises(ConfigError, match="redis_sentinel_tls_ca"):
+        load_settings(redis_url="redis://127.0.0.1:6379/0", redis_sentinel_tls_ca="/ca.pem")

@@ -45,6 +45,19 @@ def test_toml_file_configures_models(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert settings.policy("small").options == {"base_ms": 1}
 
 
+@pytest.mark.parametrize("name", ["a:b", "{a}", "a}b"])
+def test_a_model_name_that_would_break_its_keys_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str
+) -> None:
+    """':' separates a key's parts and '{…}' is its Redis Cluster hash tag: a model name
+    holding either is refused at start, naming it."""
+    config = tmp_path / "batchfleet.toml"
+    config.write_text(f'[models."{name}"]\nbackend = "synthetic"\n')
+    monkeypatch.setenv("BATCHFLEET_CONFIG", str(config))
+    with pytest.raises(ConfigError, match=re.escape(f"invalid model name {name!r}")):
+        load_settings()
+
+
 def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A BATCHFLEET_CONFIG that names no file fails with one clear error."""
     monkeypatch.setenv("BATCHFLEET_CONFIG", "/nonexistent/batchfleet.toml")

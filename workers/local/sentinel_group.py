@@ -5,6 +5,11 @@
 master's name); ``failover()`` asks the sentinels for a graceful failover, ``kill_master()``
 SIGKILLs the master and waits until the sentinels have promoted the replica, ``rejoin()``
 restarts the killed node as the new master's replica.
+
+With ``tls`` (a folder holding ``ca.pem`` and ``server.pem``/``server.key`` signed by it, for
+127.0.0.1) every process also listens for TLS, replicates and announces itself over it, and
+``url`` names the sentinels' TLS ports; with ``password`` the sentinels require it. The plain
+ports stay open on loopback for this helper's own checks.
 """
 
 from __future__ import annotations
@@ -32,31 +37,68 @@ SETTLE_TIMEOUT_S = 60.0
 class SentinelGroup:
     """Two ``redis-server`` nodes (``extra_args`` for both) and three sentinels watching them."""
 
-    def __init__(self, *extra_args: str) -> None:
-        master = LocalRedis(*extra_args)
-        replica = LocalRedis(*extra_args, "--replicaof", "127.0.0.1", str(master.port))
+    def __init__(
+        self, *extra_args: str, password: str | None = None, tls: Path | None = None
+    ) -> None:
+        self._password = password
+        self._tls = tls
+        # Where clients reach each node: its TLS port with ``tls``.
+        self._announced: dict[int, int] = {}
+        master = self._node(*extra_args)
+        master_port = str(self._announced[master.port])
+        replica = self._node(*extra_args, "--replicaof", "127.0.0.1", master_port)
         self.nodes = [master, replica]
         self.sentinel_ports = [free_port() for _ in range(3)]
-        self.url = ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports) + "/0"
+        self._sentinel_tls_ports = {port: free_port() for port in self.sentinel_ports}
+        listened = [self._sentinel_tls_ports[p] if tls else p for p in self.sentinel_ports]
+        self.url = ";".join(f"sentinel://127.0.0.1:{port}" for port in listened) + "/0"
         self._dir = Path(tempfile.mkdtemp(prefix="batchfleet-sentinels-"))
         self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    def _node(self, *args: str) -> LocalRedis:
+        tls_port = free_port()
+        node = LocalRedis(*args, *(self._tls_args(tls_port) if self._tls else ()))
+        self._announced[node.port] = tls_port if self._tls else node.port
+        return node
+
+    def _tls_args(self, tls_port: int) -> list[str]:
+        """A process's TLS options: it listens on ``tls_port`` too, replicates over TLS and
+        announces its TLS port."""
+        assert self._tls is not None
+        return [
+            *("--tls-cert-file", str(self._tls / "server.pem")),
+            *("--tls-key-file", str(self._tls / "server.key")),
+            *("--tls-ca-cert-file", str(self._tls / "ca.pem")),
+            *("--tls-auth-clients", "no", "--tls-replication", "yes"),
+            *("--tls-port", str(tls_port)),
+        ]
 
     def start(self) -> SentinelGroup:
         for node in self.nodes:
             node.start()
         self._wait(lambda: self._replication(self.nodes[1]).get("master_link_status") == "up")
+        master_port = self._announced[self.nodes[0].port]
         for port in self.sentinel_ports:
             config = self._dir / f"sentinel-{port}.conf"
-            config.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
-                f"sentinel monitor {NAME} 127.0.0.1 {self.nodes[0].port} {QUORUM}\n"
-                f"sentinel down-after-milliseconds {NAME} {DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {NAME} 10000\n"
-            )
+            lines = [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f"dir {self._dir}",
+                f"sentinel monitor {NAME} 127.0.0.1 {master_port} {QUORUM}",
+                f"sentinel down-after-milliseconds {NAME} {DOWN_AFTER_MS}",
+                f"sentinel failover-timeout {NAME} 10000",
+            ]
+            if self._password:
+                lines += [
+                    f"requirepass {self._password}",
+                    f"sentinel sentinel-pass {self._password}",
+                ]
+            config.write_text("\n".join(lines) + "\n")
+            tls = self._tls_args(self._sentinel_tls_ports[port]) if self._tls else []
             with open(self._dir / f"sentinel-{port}.log", "ab") as log:
                 self._sentinels.append(
                     subprocess.Popen(
-                        [redis_server_binary(), str(config), "--sentinel"],
+                        [redis_server_binary(), str(config), "--sentinel", *tls],
                         stdout=log,
                         stderr=subprocess.STDOUT,
                     )
@@ -67,9 +109,10 @@ class SentinelGroup:
     def master(self) -> LocalRedis:
         """The node the sentinels name as master now."""
         port = self.master_port()
-        return next(node for node in self.nodes if node.port == port)
+        return next(node for node in self.nodes if self._announced[node.port] == port)
 
     def master_port(self) -> int:
+        """The port the sentinels give clients for the master (its TLS port with ``tls``)."""
         with self._sentinel(self.sentinel_ports[0]) as sentinel:
             _, port = sentinel.sentinel_get_master_addr_by_name(NAME)
         return int(port)
@@ -87,7 +130,7 @@ class SentinelGroup:
         """SIGKILLs the master and returns it once the sentinels have promoted the replica."""
         old = self.master()
         old.crash()
-        self._wait_for_new_master(old.port)
+        self._wait_for_new_master(self._announced[old.port])
         return old
 
     def rejoin(self, node: LocalRedis) -> None:
@@ -132,6 +175,9 @@ class SentinelGroup:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _wait_for_new_master(self, old_port: int) -> None:
+        """Waits until the sentinels name another master than the one at ``old_port`` (as
+        ``master_port`` gives it), and it takes writes."""
+
         def promoted() -> bool:
             port = self.master_port()
             if port == old_port:
@@ -163,9 +209,10 @@ class SentinelGroup:
         finally:
             client.close()
 
-    @staticmethod
-    def _sentinel(port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(
+            port=port, password=self._password, socket_timeout=2, socket_connect_timeout=2
+        )
 
     @staticmethod
     def _wait(condition: Callable[[], bool]) -> None:

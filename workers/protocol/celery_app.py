@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from celery import Celery
 
 from config.keys import Keys
-from config.sentinel import sentinel_options
+from config.sentinel import broker_tls, sentinel_options
 from config.settings import SENTINEL_SCHEME, Settings
 from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
 
@@ -43,6 +43,8 @@ def make_celery_app(settings: Settings) -> Celery:
         transport_options["master_name"] = settings.redis_sentinel_master
         transport_options["sentinel_kwargs"] = sentinel_options(settings)
     app = Celery("batchfleet", broker=url, set_as_current=False)
+    if scheme == SENTINEL_SCHEME and settings.redis_sentinel_tls_ca is not None:
+        app.conf.broker_use_ssl = broker_tls(settings)
     app.conf.update(
         accept_content=["json"],
         result_accept_content=["json"],
