@@ -3,9 +3,9 @@
 All keys share one prefix (``Settings.key_prefix``, default ``bf``) and ``:`` as separator.
 Everything about one model, its requests included, shares the hash tag ``{m:MODEL}``: on
 Redis Cluster each model lives in one hash slot, so every script call (each touches one
-model) runs on one node, and different models spread over the cluster. A request is found
-by its id alone through the fleet-wide index ``bf:model_of:ID``, the one request key
-outside its model's slot.
+model) runs on one node, and different models spread over the cluster. The one request key
+outside its model's slot is the fleet-wide index ``bf:model_of:ID``, which names the model of
+an id the caller chose (a drawn id is found by its record under each model).
 
 ``M`` below stands for ``bf:{m:MODEL}``.
 
@@ -45,7 +45,7 @@ key                         type    writer                    reader            
 ``M:w:{request_id}``        set     producer (waiting)        worker (finalize)  as ``M:r:…``
 ``M:res:{request_id}``      string  worker, batcher           producer           result_ttl_s
 ``M:inbox:{producer_id}``   list    worker, batcher           producer (BLPOP)   result_ttl_s
-``bf:model_of:{request_id}`` string producer (admission)      producer           record's TTL +
+``bf:model_of:{request_id}`` string producer (a caller's id)  producer           record's TTL +
                             model                                                result TTL
 ``bf:node:{hostname}``      hash    worker (heartbeat)        top, the operator  3 heartbeats
 ``bf:gpuclaim:{gpu uuid}``  string  worker (--gpu auto)       worker             3 heartbeats
@@ -60,8 +60,8 @@ that computed it (``config.schema.cache_entry``), ``M:w`` the inbox keys of prod
 waiting for it (each producer has one inbox per model), ``M:res`` and the inbox entries the
 result JSON; ``M:workers`` members are ``hostname|slots`` and ``M:devices`` members device
 consumers, scored by heartbeat expiry, ``M:inflight`` members batch ids scored by dispatch
-time (Redis server time). ``bf:model_of`` names the model a request id was admitted to: an
-id names one request of one model at a time.
+time (Redis server time). ``bf:model_of`` names the model a caller's id was claimed for
+before admission: an id names one request of one model at a time.
 
 The consumer group on each request stream is ``batchers``; Celery's queue for a model is
 ``bf.{model}`` (kombu keeps its own keys under that name).

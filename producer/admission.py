@@ -86,13 +86,14 @@ class Prepared:
     result_ttl_ms: int
     submitted_at: float
     # Whether the caller gave the id (True) or this producer drew it: only a caller's id can
-    # be taken by another model already, so only those are claimed before admission.
+    # be taken by another model already, so only those are claimed in the index of ids.
     callers_id: bool
 
     @property
     def index_ttl_ms(self) -> int:
-        """How long the id's entry in the index of ids lives: its record's lifetime, and its
-        result's again for an answer written late (the record then outlives its first TTL)."""
+        """How long a caller's id's entry in the index of ids lives: its record's lifetime,
+        and its result's again for an answer written late (the record then outlives its first
+        TTL)."""
         return self.record_ttl_ms + self.result_ttl_ms
 
     @property
@@ -146,8 +147,8 @@ class ProducerCore:
             self._models.popitem(last=False)
 
     def known_models(self, request_ids: Iterable[str]) -> tuple[dict[str, str], list[str]]:
-        """The models of ``request_ids`` this producer knows, and the ids to look up in the
-        index of ids (``keys.model_of``)."""
+        """The models of ``request_ids`` this producer knows, and the ids to look up
+        (``look_up``)."""
         known, unknown = {}, []
         for request_id in request_ids:
             model = self._models.get(request_id)
@@ -157,19 +158,10 @@ class ProducerCore:
                 known[request_id] = model
         return known, unknown
 
-    @staticmethod
-    def looked_up(request_ids: Sequence[str], replies: Sequence[Any]) -> dict[str, str]:
-        """The models the index of ids names for ``request_ids`` (the replies of a GET each).
-
-        Raises:
-            UnknownRequest: an id is in no model's index: never accepted, or long expired.
-        """
-        models = {}
-        for request_id, model in zip(request_ids, replies, strict=True):
-            if model is None:
-                raise unknown_request(request_id)
-            models[request_id] = model.decode() if isinstance(model, bytes) else model
-        return models
+    def look_up(self, request_ids: Sequence[str]) -> ModelLookUp:
+        """The look-up of the models of ``request_ids``, which this producer did not admit
+        lately, among the models the fleet serves."""
+        return ModelLookUp(self.keys, request_ids, sorted(self.fleet.models))
 
     def answered(self, request_id: str) -> None:
         self._outstanding.discard(request_id)
@@ -374,33 +366,25 @@ class ProducerCore:
             conflicts,
         )
 
+    @staticmethod
     def queue_admission(
-        self,
         pipe: Pipeline | AsyncPipeline,
-        items: Sequence[Prepared],
         script: Script | AsyncScript,
         call: tuple[Sequence[Any], Sequence[Any]],
         replica_wait: ReplicaWait | None,
     ) -> None:
-        """Queues on ``pipe`` the admission of ``items``: the index entries of the ids this
-        producer drew (a caller's id was claimed before), then ``script``'s ``call`` (keys and
-        args), then the replica wait."""
-        for item in items:
-            if not item.callers_id:
-                pipe.set(self.keys.model_of(item.request_id), item.model, px=item.index_ttl_ms)
+        """Queues on ``pipe`` an admission: ``script``'s ``call`` (keys and args), then the
+        replica wait."""
         lua.queue(pipe, script, *call)
         if replica_wait is not None:
             replica_wait.queue(pipe)
 
     @staticmethod
     def admission_statuses(
-        items: Sequence[Prepared],
-        statuses: Sequence[str | None],
-        replies: Sequence[Any],
-        replica_wait: ReplicaWait | None,
+        statuses: Sequence[str | None], replies: Sequence[Any], replica_wait: ReplicaWait | None
     ) -> list[Any]:
         """Every item's status: those ``after_claims`` gave, and the admission script's for
-        the rest (``items``, admitted by the pipeline whose ``replies`` these are).
+        the rest, from the ``replies`` of the pipeline ``queue_admission`` filled.
 
         Raises:
             BrokerUnavailable: fewer replicas than ``redis_wait_replicas`` acknowledged the
@@ -408,7 +392,7 @@ class ProducerCore:
         """
         if replica_wait is not None and not replica_wait.confirmed(replies[-1]):
             raise replica_wait.unconfirmed()
-        admitted = iter(replies[sum(not item.callers_id for item in items)])
+        admitted = iter(replies[0])
         return [next(admitted) if status is None else status for status in statuses]
 
     def refusal_count(self, model: str, refusal: RequestRejected) -> tuple[str, str] | None:
@@ -575,6 +559,43 @@ class ProducerCore:
         """Until when (``time.monotonic``) an admission starting now is tried while Redis
         cannot be reached."""
         return time.monotonic() + self.settings.submit_retry_s
+
+
+@dataclass(frozen=True)
+class ModelLookUp:
+    """Finds the models of request ids a producer did not admit lately, in one round trip:
+    a caller's own id is in the index of ids (``keys.model_of``); an id a producer drew is
+    found by its admission record, under each model the fleet serves (it is random, so no
+    two models hold it)."""
+
+    keys: Keys
+    request_ids: Sequence[str]
+    models: Sequence[str]
+
+    def queue(self, pipe: Pipeline | AsyncPipeline) -> None:
+        for request_id in self.request_ids:
+            pipe.get(self.keys.model_of(request_id))
+            for model in self.models:
+                pipe.exists(self.keys.record(model, request_id))
+
+    def read(self, replies: Sequence[Any]) -> dict[str, str]:
+        """The model of each id, from the replies of the pipeline ``queue`` filled.
+
+        Raises:
+            UnknownRequest: no model holds an id: never accepted, or its result expired.
+        """
+        found = {}
+        per_id = 1 + len(self.models)
+        for n, request_id in enumerate(self.request_ids):
+            indexed, *held = replies[n * per_id : (n + 1) * per_id]
+            owners = [model for model, exists in zip(self.models, held, strict=True) if exists]
+            if indexed is not None:
+                found[request_id] = indexed.decode() if isinstance(indexed, bytes) else indexed
+            elif owners:
+                found[request_id] = owners[0]
+            else:
+                raise unknown_request(request_id)
+        return found
 
 
 class StreamReader:

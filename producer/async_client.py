@@ -13,6 +13,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel
+from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.commands.core import AsyncScript
 
 from config import lua
@@ -198,13 +199,12 @@ class AsyncProducer:
             return statuses
         admission = partial(
             self._core.queue_admission,
-            items=admissible,
             script=script,
             call=call(admissible),
             replica_wait=self._replica_wait,
         )
         replies = await lua.execute_async(self._client, admission, [script])
-        return self._core.admission_statuses(admissible, statuses, replies, self._replica_wait)
+        return self._core.admission_statuses(statuses, replies, self._replica_wait)
 
     async def submit(
         self,
@@ -466,15 +466,15 @@ class AsyncProducer:
         """The model of each of ``request_ids``; see ``Producer._models_of``."""
         models, unknown = self._core.known_models(request_ids)
         for batch in chunks(unknown, self._core.settings.submit_chunk):
-            replies = await call_until_async(deadline, partial(self._look_up, batch))
-            models.update(self._core.looked_up(batch, replies))
+            look_up = self._core.look_up(batch)
+            replies = await call_until_async(deadline, partial(self._run, look_up.queue))
+            models.update(look_up.read(replies))
         return models
 
-    async def _look_up(self, request_ids: Sequence[str]) -> list[Any]:
-        """The index of ids' entries for ``request_ids``, in one round trip."""
+    async def _run(self, queue: Callable[[AsyncPipeline], None]) -> list[Any]:
+        """The replies of a pipeline (no transaction) ``queue`` fills."""
         async with self._client.pipeline(transaction=False) as pipe:
-            for request_id in request_ids:
-                pipe.get(self._core.keys.model_of(request_id))
+            queue(pipe)
             return await pipe.execute()
 
     async def infer(

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import Script
 
 from config import lua
@@ -183,13 +184,12 @@ class Producer:
             return statuses
         admission = partial(
             self._core.queue_admission,
-            items=admissible,
             script=script,
             call=call(admissible),
             replica_wait=self._replica_wait,
         )
         replies = lua.execute(self._client, admission, [script])
-        return self._core.admission_statuses(admissible, statuses, replies, self._replica_wait)
+        return self._core.admission_statuses(statuses, replies, self._replica_wait)
 
     def submit(
         self,
@@ -472,15 +472,14 @@ class Producer:
         """
         models, unknown = self._core.known_models(request_ids)
         for batch in chunks(unknown, self._core.settings.submit_chunk):
-            replies = call_until(deadline, partial(self._look_up, batch))
-            models.update(self._core.looked_up(batch, replies))
+            look_up = self._core.look_up(batch)
+            models.update(look_up.read(call_until(deadline, partial(self._run, look_up.queue))))
         return models
 
-    def _look_up(self, request_ids: Sequence[str]) -> list[Any]:
-        """The index of ids' entries for ``request_ids``, in one round trip."""
+    def _run(self, queue: Callable[[Pipeline], None]) -> list[Any]:
+        """The replies of a pipeline (no transaction) ``queue`` fills."""
         with self._client.pipeline(transaction=False) as pipe:
-            for request_id in request_ids:
-                pipe.get(self._core.keys.model_of(request_id))
+            queue(pipe)
             return pipe.execute()
 
     def infer(

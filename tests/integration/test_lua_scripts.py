@@ -67,21 +67,17 @@ def core(settings: Settings) -> ProducerCore:
 
 def admit(client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared]) -> list[str]:
     """The admission script's statuses for ``chunk``, called as the producer calls it: the
-    callers' ids claimed first, every id indexed."""
+    callers' ids claimed first in the index of ids."""
     claim = lua.register(client, "claim_request_id")
     claims = partial(core.queue_claims, items=chunk, script=claim)
     owners = core.claim_owners(chunk, lua.execute(client, claims, [claim]))
     assert {to_text(owner) for owner in owners.values()} <= {MODEL}
     script = lua.register(client, "admit")
     admission = partial(
-        core.queue_admission,
-        items=chunk,
-        script=script,
-        call=core.admit_call(chunk),
-        replica_wait=None,
+        core.queue_admission, script=script, call=core.admit_call(chunk), replica_wait=None
     )
     replies = lua.execute(client, admission, [script])
-    statuses = core.admission_statuses(chunk, [None] * len(chunk), replies, None)
+    statuses = core.admission_statuses([None] * len(chunk), replies, None)
     return [to_text(status) for status in statuses]
 
 
@@ -428,7 +424,6 @@ def test_cancel_answers_a_cached_request_without_touching_a_stream(
     assert producer.cancel(item.request_id) is False
     stream_item = prepare(core, "b")[0]
     store.set(stream_item.record_key, stream_item.digest, px=60_000)
-    store.set(keys.model_of(stream_item.request_id), MODEL, px=60_000)
     assert producer.cancel(stream_item.request_id) is True
     result = Result.decode(store.get(stream_item.result_key))
     assert result.error is not None and result.model == MODEL

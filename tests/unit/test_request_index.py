@@ -67,8 +67,8 @@ def queued(server: fakeredis.FakeServer, model: str) -> int:
 def test_another_producer_finds_a_request_by_its_id_alone(
     settings: Settings, server: fakeredis.FakeServer, producer: Producer
 ) -> None:
-    """Ids drawn by the producer and ids of the caller are both in the index: a producer
-    that admitted neither waits for them, and cancels them, by id alone."""
+    """A producer that admitted neither waits for them, and cancels them, by id alone: a
+    caller's id through the index of ids, an id the producer drew by its record."""
     drawn = producer.submit("image", 1)
     (own,) = producer.submit_many("text", [2], request_ids=["caller-7"])
     with producer_on(settings, server) as other:
