@@ -124,7 +124,7 @@ class ProducerCore:
         self.cancel_on_exit = cancel_on_exit
         self._outstanding: set[str] = set()
         # The model of each id this producer admitted lately, so that waiting for it needs
-        # no look-up in the index of ids; the oldest are forgotten past MODELS_REMEMBERED.
+        # no look-up; the oldest are forgotten past MODELS_REMEMBERED.
         self._models: OrderedDict[str, str] = OrderedDict()
 
     def inbox(self, model: str) -> str:

@@ -292,12 +292,12 @@ class AsyncProducer:
             accepted.extend(ids)
         return accepted
 
-    async def _follow_fleet(self) -> None:
-        """Reads the fleet's model policies when they are due (every few seconds), trying for
-        ``submit_retry_s`` while Redis cannot be reached."""
+    async def _follow_fleet(self, deadline: float | None = None) -> None:
+        """Reads the fleet's model policies when they are due (every few seconds), trying
+        until ``deadline`` (``submit_retry_s`` from now) while Redis cannot be reached."""
         if self._core.fleet.due(monotonic()):
             read = partial(self._client.hgetall, self._core.keys.policies())
-            published = await call_until_async(self._core.submit_deadline(), read)
+            published = await call_until_async(deadline or self._core.submit_deadline(), read)
             self._core.fleet.adopt(published, monotonic())
 
     async def policy(self, model: str) -> ModelPolicy:
@@ -465,6 +465,8 @@ class AsyncProducer:
     async def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
         """The model of each of ``request_ids``; see ``Producer._models_of``."""
         models, unknown = self._core.known_models(request_ids)
+        if unknown:
+            await self._follow_fleet(deadline)  # the models to look among
         for batch in chunks(unknown, self._core.settings.submit_chunk):
             look_up = self._core.look_up(batch)
             replies = await call_until_async(deadline, partial(self._run, look_up.queue))

@@ -265,12 +265,12 @@ class Producer:
             accepted.extend(ids)
         return accepted
 
-    def _follow_fleet(self) -> None:
-        """Reads the fleet's model policies when they are due (every few seconds), trying for
-        ``submit_retry_s`` while Redis cannot be reached."""
+    def _follow_fleet(self, deadline: float | None = None) -> None:
+        """Reads the fleet's model policies when they are due (every few seconds), trying
+        until ``deadline`` (``submit_retry_s`` from now) while Redis cannot be reached."""
         if self._core.fleet.due(monotonic()):
             read = partial(self._client.hgetall, self._core.keys.policies())
-            published = call_until(self._core.submit_deadline(), read)
+            published = call_until(deadline or self._core.submit_deadline(), read)
             self._core.fleet.adopt(published, monotonic())
 
     def policy(self, model: str) -> ModelPolicy:
@@ -463,14 +463,17 @@ class Producer:
 
     def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
         """The model of each of ``request_ids``: those this producer admitted lately it
-        knows, the others it looks up in the index of ids, one round trip per
-        ``submit_chunk``, tried until ``deadline`` while Redis cannot be reached.
+        knows, the others it looks up (``ModelLookUp``) among the models the fleet serves, one
+        round trip per ``submit_chunk``, tried until ``deadline`` while Redis cannot be
+        reached.
 
         Raises:
             UnknownRequest: an id no model knows.
             BrokerUnavailable: Redis was away until ``deadline``.
         """
         models, unknown = self._core.known_models(request_ids)
+        if unknown:
+            self._follow_fleet(deadline)  # the models to look among
         for batch in chunks(unknown, self._core.settings.submit_chunk):
             look_up = self._core.look_up(batch)
             models.update(look_up.read(call_until(deadline, partial(self._run, look_up.queue))))

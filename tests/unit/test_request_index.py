@@ -15,6 +15,7 @@ import pytest
 from config import stats_fields
 from config.errors import RequestIdConflict, UnknownRequest
 from config.keys import Keys
+from config.published_policy import encode_policy
 from config.schema import Result
 from config.settings import ModelPolicy, Settings
 from producer.async_client import AsyncProducer
@@ -77,6 +78,19 @@ def test_another_producer_finds_a_request_by_its_id_alone(
         assert other.cancel(own) is True
         with pytest.raises(UnknownRequest):
             other.result("never-submitted", timeout_s=5)
+
+
+def test_a_producer_finds_ids_of_a_model_only_the_fleet_names(
+    server: fakeredis.FakeServer, producer: Producer
+) -> None:
+    """A producer configured for other models looks for an id among the models the fleet
+    serves (as its batchers publish them), not only its own."""
+    drawn = producer.submit("image", 1)
+    policy = encode_policy(ModelPolicy(max_queue_len=10))
+    fakeredis.FakeRedis(server=server).hset(KEYS.policies(), "image", policy)
+    answer(server, "image", drawn)
+    with producer_on(Settings(redis_url="redis://fake:6379/0"), server) as other:
+        assert other.result(drawn, timeout_s=5) == "image out"
 
 
 def test_one_wait_gets_the_answers_of_several_models(
