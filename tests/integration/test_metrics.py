@@ -49,7 +49,7 @@ def test_the_fleet_serves_metrics_that_move_with_real_traffic(
 ) -> None:
     """200 requests, one refused at the edge and one that expires before any worker runs:
     the batcher counts each, the worker measured each request and batch, and the queue is
-    empty again."""
+    empty again; both answer their liveness and readiness probes while they serve."""
     batcher_port, worker_port = free_port(), free_port()
     fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"synthetic": {"max_input_bytes": 1024}}))
     fleet.start("batcher", "--metrics-port", str(batcher_port))
@@ -63,6 +63,10 @@ def test_the_fleet_serves_metrics_that_move_with_real_traffic(
         fleet.start("worker", "--cpu", "--metrics-port", str(worker_port))
         wait_ready(producer, fleet)
         before, worker_before = scrape(batcher_port), scrape(worker_port)
+        for port in (batcher_port, worker_port):  # the pods' probes: serving, so both 200
+            for probe in ("/livez", "/readyz"):
+                response = httpx.get(f"http://127.0.0.1:{port}{probe}", timeout=5)
+                assert response.status_code == 200, (port, probe)
         ids = producer.submit_many("synthetic", [f"item {index}" for index in range(200)])
         results = list(producer.results(ids, timeout_s=60))
     assert all(result.ok for result in results)

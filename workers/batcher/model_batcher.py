@@ -35,6 +35,7 @@ from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import StreamEntry, ensure_group, read_entries, to_text
+from workers.protocol.health import Health
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.protocol.model_times import ModelTimeEstimate
 from workers.protocol.results import ResultWriter, error_answer, poison_answer
@@ -98,6 +99,7 @@ class ModelBatcher:
             LOOKAHEAD_BATCHES if self.policy.batcher_chooses else 1
         )
         self._pending: dict[str, Pending] = {}
+        self.health = Health()
         self._next_reclaim = 0.0
         self._next_backlog_scan = 0.0
         self._backlog_cursor = "0-0"
@@ -112,6 +114,7 @@ class ModelBatcher:
         """
         started = False
         while not stop.is_set():
+            self.health.turned()
             try:
                 if not started:
                     self._publish_policy()
@@ -119,6 +122,7 @@ class ModelBatcher:
                     self._take(self._read(history=True))
                     started = True
                 self.step()
+                self.health.reached()
             except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
                 log.warning("model %s: Redis unavailable (%s); retrying", self.model, exc)
                 stop.wait(REDIS_RETRY_PAUSE_S)
@@ -399,16 +403,17 @@ def run_batchers(
     metrics_port: int | None = None,
 ) -> bool:
     """Runs one batcher thread per model until ``stop`` is set (and the models' metrics on
-    ``metrics_port``); False if one of them failed."""
-    if metrics_port is not None:
-        registry = batcher_registry(connect(settings), Keys(settings.key_prefix), models)
-        serve_metrics(registry, metrics_port, settings.metrics_host)
+    ``metrics_port``, with their loops' health); False if one of them failed."""
     celery = make_celery_app(settings)
     consumer = name or default_batcher_name()
     batchers = [
         ModelBatcher(settings, model, client=connect(settings), celery=celery, consumer=consumer)
         for model in models
     ]
+    if metrics_port is not None:
+        registry = batcher_registry(connect(settings), Keys(settings.key_prefix), models)
+        health = [batcher.health for batcher in batchers]
+        serve_metrics(registry, metrics_port, settings.metrics_host, health)
     threads = [
         threading.Thread(target=batcher.run, args=(stop,), name=f"batcher-{batcher.model}")
         for batcher in batchers

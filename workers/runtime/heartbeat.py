@@ -74,18 +74,23 @@ class Heartbeat:
         if self._runs_batches:
             self._beat_node()
         if self._joined.is_set() and not self._leaving.is_set():
+            beaten = 0
             for state in self._states:
                 try:
                     state.heartbeat(
                         self._runtime.member, self._runtime.settings.worker.heartbeat_ttl_s
                     )
+                    beaten += 1
                 except Exception as exc:
                     log.warning("heartbeat failed: %s", exc)
+            if beaten == len(self._states):
+                self._runtime.health.reached()  # joined, and every batcher can see it
 
     def _run(self) -> None:
         interval_s = self._runtime.settings.worker.heartbeat_s
         next_beat = time.monotonic()
         while True:
+            self._runtime.health.turned()
             self._watch_model_time()
             if time.monotonic() >= next_beat:
                 self.beat()

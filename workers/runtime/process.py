@@ -87,7 +87,9 @@ def run_worker(
     if metrics_port is not None:
         if pool == "prefork":
             log.warning("metrics: batches run in prefork children, whose figures are not served")
-        serve_metrics(runtime.metrics.registry, metrics_port, settings.metrics_host)
+        serve_metrics(
+            runtime.metrics.registry, metrics_port, settings.metrics_host, [runtime.health]
+        )
     if pool == "prefork":
         # Batches run in the children, each with a heartbeat of its own; the parent, where
         # Celery takes tasks, beats only the membership.

@@ -21,6 +21,7 @@ from workers.models.base import Model
 from workers.models.registry import build_model
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState, GpuClaim, worker_member
+from workers.protocol.health import Health
 from workers.protocol.model_times import MeasuredModelTimes
 from workers.protocol.results import ResultWriter
 from workers.runtime.alerts import WorkerAlerts
@@ -57,6 +58,8 @@ class WorkerRuntime:
         self.gpu_claim = gpu_claim
         self.metrics = WorkerMetrics(self.gpu, hostname, models)
         self.work = WorkDone()
+        # The heartbeat's loop: live while it turns, ready while it keeps the worker joined.
+        self.health = Health()
         self.model_times = MeasuredModelTimes()
         self.alerts = WorkerAlerts(settings.alerts, hostname, started_at=time.time())
         self.keys = Keys(settings.key_prefix)
