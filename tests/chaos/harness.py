@@ -36,6 +36,7 @@ from config.keys import CONSUMER_GROUP, Keys, held_on_device, worker_consumer
 from config.schema import STREAM_FIELD, Result
 from config.settings import Settings, load_settings
 from producer.client import Producer
+from tests.chaos.hosts import Hosts
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
 from workers.local.local_fleet import LocalFleet
@@ -46,6 +47,7 @@ from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import to_text
 
 PREFIX = "chaos"
+REDIS_HOST = "redis"
 # Production's ordering (soft < hard < visibility < lease, reserved batches x hard <
 # visibility), in seconds instead of tens of seconds, so that recovery is quick.
 CHAOS_LIMITS = {
@@ -129,9 +131,10 @@ class WriteObserver:
 
 
 class ChaosFleet:
-    """A private Redis (or, with ``sentinel``, a Sentinel group: ``group``), the processes of
-    a fleet serving the ledger model (its writes waiting for ``wait_replicas`` replicas), and
-    an observer of each Redis node's writes."""
+    """A private Redis (or, with ``sentinel``, a Sentinel group: ``group``; with ``hosts``,
+    on the host ``redis`` of those), the processes of a fleet serving the ledger model (its
+    writes waiting for ``wait_replicas`` replicas), and an observer of each Redis node's
+    writes."""
 
     def __init__(
         self,
@@ -141,11 +144,18 @@ class ChaosFleet:
         model_options: dict[str, Any] | None = None,
         sentinel: bool = False,
         wait_replicas: int = 0,
+        hosts: Hosts | None = None,
         **env: str,
     ) -> None:
         events = ("--notify-keyspace-events", "E$", *redis_args)
         self.group = SentinelGroup(*events) if sentinel else None
-        self.redis = self.group.nodes[0] if self.group else LocalRedis(*events)
+        if self.group is not None:
+            self.redis = self.group.nodes[0]
+        elif hosts is not None:  # reached from the other hosts: no loopback-only mode
+            where_redis = {"host": hosts.address[REDIS_HOST], "wrapper": hosts.run_in(REDIS_HOST)}
+            self.redis = LocalRedis(*events, "--protected-mode", "no", **where_redis)
+        else:
+            self.redis = LocalRedis(*events)
         where: dict[str, str] = {"redis_url": self.redis.url}
         if self.group is not None:
             where = {"redis_url": self.group.url, "redis_sentinel_master": SENTINEL_NAME}

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -23,13 +24,16 @@ class LocalFleet:
         self.log_dir = Path(tempfile.mkdtemp(prefix="batchfleet-fleet-"))
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str, module: str = "workers.cli") -> subprocess.Popen[bytes]:
-        """Starts ``batchfleet ARGS…`` (or ``python -m MODULE ARGS…``); its output goes to a log
-        file in ``log_dir``."""
+    def start(
+        self, *args: str, module: str = "workers.cli", wrapper: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """Starts ``batchfleet ARGS…`` (or ``python -m MODULE ARGS…``), by ``wrapper`` when
+        given (a command that runs another, such as ``ip netns exec NAME``); its output goes
+        to a log file in ``log_dir``."""
         log_path = self.log_dir / f"{len(self.processes):02d}-{'-'.join(args)}.log"
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
+                [*wrapper, sys.executable, "-m", module, *args],
                 env=self.env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

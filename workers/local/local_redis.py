@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -53,14 +54,23 @@ def free_port() -> int:
 
 class LocalRedis:
     """Starts and stops one redis-server process; no persistence unless asked (``extra_args``
-    come last on its command line, so they override the defaults)."""
+    come last on its command line, so they override the defaults). It listens on loopback,
+    or on ``host`` when started by ``wrapper`` (a command that runs another, such as
+    ``ip netns exec NAME`` for a network namespace that has that address)."""
 
     def __init__(
-        self, *extra_args: str, port: int | None = None, binary: str | None = None
+        self,
+        *extra_args: str,
+        port: int | None = None,
+        binary: str | None = None,
+        host: str = "127.0.0.1",
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.binary = binary or redis_server_binary()
         self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.host = host
+        self.url = f"redis://{host}:{self.port}/0"
+        self._wrapper = list(wrapper)
         self._extra_args = list(extra_args)
         self._dir = tempfile.mkdtemp(prefix="batchfleet-redis-")
         self._process: subprocess.Popen[bytes] | None = None
@@ -72,11 +82,12 @@ class LocalRedis:
             BrokerUnavailable: it did not answer within 10 s.
         """
         args = [
+            *self._wrapper,
             self.binary,
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--save",
             "",
             "--appendonly",
@@ -89,7 +100,9 @@ class LocalRedis:
         ]
         with open(Path(self._dir) / "redis.log", "ab") as log_file:
             self._process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis(
+            host=self.host, port=self.port, socket_timeout=1, socket_connect_timeout=1
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

@@ -11,6 +11,11 @@ It is also the watchdog of the threads and solo pools, where Celery enforces no 
 model call past ``time_limit_s`` ends the process, as a hard limit does in prefork, so that
 its requests are reclaimed and a supervisor starts a fresh worker. Redis being away only
 logs: the next beat tries again.
+
+From ``leave`` on, a timer bounds the shutdown: a worker that has not exited
+``shutdown_grace_s`` after it was told to stop (its running batch done, or its Redis and
+broker unreachable, every call waiting out its socket timeout) exits at once; what it held is
+delivered again or reclaimed, as after a crash.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from config import node_status
 from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat
 
 if TYPE_CHECKING:
+    from config.settings import Settings
     from workers.runtime.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 EXIT_STUCK = 70
 EXIT_GPU_LOST = 71
+EXIT_SHUTDOWN_STUCK = 72
 WATCH_INTERVAL_S = 0.5
 
 
@@ -63,11 +70,22 @@ class Heartbeat:
         beats on (batches still running keep their device alive, and the watchdog keeps a hung
         model call from blocking a graceful shutdown forever)."""
         self._leaving.set()
+        deadline = threading.Timer(shutdown_grace_s(self._runtime.settings), self._give_up)
+        deadline.daemon = True
+        deadline.start()
         for state in self._states:
             try:
                 state.leave(self._runtime.member)
             except Exception as exc:
                 log.warning("could not deregister worker: %s", exc)
+
+    def _give_up(self) -> None:
+        log.critical(
+            "still shutting down %.0fs after being told to stop (Redis or the broker "
+            "unreachable?): exiting; what this worker held is delivered again or reclaimed",
+            shutdown_grace_s(self._runtime.settings),
+        )
+        os._exit(EXIT_SHUTDOWN_STUCK)
 
     def beat(self) -> None:
         """One heartbeat: the device and status where batches run, the membership once joined."""
@@ -156,3 +174,9 @@ class Heartbeat:
             with contextlib.suppress(Exception):
                 state.leave(self._runtime.member)
         os._exit(EXIT_STUCK)
+
+
+def shutdown_grace_s(settings: Settings) -> float:
+    """How long a worker may take to stop once told to: its running batch's hard time limit,
+    and two socket timeouts to write its answers and hand back its task."""
+    return settings.worker.time_limit_s + 2 * settings.redis_socket_timeout_s
