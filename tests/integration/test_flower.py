@@ -32,6 +32,15 @@ def poll(get: Callable[[], Any], until: Callable[[Any], bool], timeout_s: float 
         time.sleep(0.5)
 
 
+def following(api: str, worker: str) -> None:
+    """Barrier: Flower receives the fleet's events (it saw ``worker``'s heartbeat), so it
+    misses none of the batches sent from now on."""
+    poll(
+        lambda: httpx.get(f"{api}/workers", params={"status": 1}, auth=AUTH, timeout=5).json(),
+        lambda found: found.get(worker) is True,
+    )
+
+
 def test_flower_shows_the_workers_and_batch_sizes_behind_basic_auth(
     make_fleet: Callable[..., LocalFleet],
 ) -> None:
@@ -44,6 +53,7 @@ def test_flower_shows_the_workers_and_batch_sizes_behind_basic_auth(
     poll(lambda: httpx.get(f"{api}/workers", timeout=5).status_code, lambda code: code == 401)
     with producer_for(fleet) as producer:
         wait_ready(producer, fleet)
+        following(api, "w1@flower")
         ids = producer.submit_many("synthetic", [f"secret input {n}" for n in range(40)])
         list(producer.results(ids, timeout_s=60))
     tasks = poll(

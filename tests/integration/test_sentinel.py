@@ -18,7 +18,7 @@ from workers.local.sentinel_group import NAME, SentinelGroup
 from workers.models.synthetic import expected_output
 
 from .conftest import check_outputs, producer_for, wait_ready
-from .test_flower import AUTH, poll
+from .test_flower import AUTH, following, poll
 from .test_security import make_certificates
 
 SENTINEL_PASSWORD = "sentinel-" + uuid.uuid4().hex[:8]
@@ -90,8 +90,10 @@ def serve_and_show_in_flower(sentinel_fleet: LocalFleet) -> None:
     sentinel_fleet.start("batcher")
     sentinel_fleet.start("worker", "--cpu", "--name", "w1@sentinel")
     sentinel_fleet.start("flower", "--port", str(port))
+    api = f"http://127.0.0.1:{port}/api"
     with producer_for(sentinel_fleet) as producer:
         wait_ready(producer, sentinel_fleet)
+        following(api, "w1@sentinel")
         inputs = [f"item {n}" for n in range(200)]
         ids = producer.submit_many("synthetic", inputs)
         results = {result.request_id: result for result in producer.results(ids, timeout_s=60)}
@@ -99,7 +101,6 @@ def serve_and_show_in_flower(sentinel_fleet: LocalFleet) -> None:
         {request_id: result.output for request_id, result in results.items()},
         {request_id: expected_output(value) for request_id, value in zip(ids, inputs, strict=True)},
     )
-    api = f"http://127.0.0.1:{port}/api"
     tasks = poll(
         lambda: httpx.get(f"{api}/tasks", auth=AUTH, timeout=5).json(),
         lambda found: sum(str(task.get("args")).count("requests>") for task in found.values()) >= 2,
