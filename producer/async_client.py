@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.commands.core import AsyncScript
@@ -49,9 +50,15 @@ MAX_CONNECTIONS = 32
 
 def connect_async(settings: Settings) -> aioredis.Redis:
     """An asyncio redis-py client for ``settings``: bounded socket timeouts, no retries of
-    its own (the producer retries by deadline) and, on one Redis, at most 32 connections, for
-    which concurrent calls queue instead of failing."""
+    its own (the producer retries by deadline; a cluster's client keeps its own) and, on one
+    Redis, at most 32 connections, for which concurrent calls queue instead of failing."""
     options = client_options(settings, single_try_async())
+    if settings.redis_cluster:
+        options.pop("retry")  # the cluster client's own retries follow slots that moved
+        cluster = aioredis.cluster.RedisCluster.from_url(
+            settings.redis_url.get_secret_value(), **options
+        )
+        return cast(aioredis.Redis, cluster)
     if settings.redis_sentinel_master:
         sentinels = sentinel_group(settings, aioredis.sentinel.Sentinel)
         master = sentinels.master_for(
@@ -293,12 +300,22 @@ class AsyncProducer:
         return accepted
 
     async def _follow_fleet(self, deadline: float | None = None) -> None:
-        """Reads the fleet's model policies when they are due (every few seconds), trying
-        until ``deadline`` (``submit_retry_s`` from now) while Redis cannot be reached."""
-        if self._core.fleet.due(monotonic()):
-            read = partial(self._client.hgetall, self._core.keys.policies())
+        """Reads the fleet's model policies when they are due (every few seconds): the first
+        time trying until ``deadline`` (``submit_retry_s`` from now) while Redis cannot be
+        reached, later once, keeping the last ones read when that fails."""
+        fleet = self._core.fleet
+        if not fleet.due(monotonic()):
+            return
+        read = partial(self._client.hgetall, self._core.keys.policies())
+        if not fleet.followed():
             published = await call_until_async(deadline or self._core.submit_deadline(), read)
-            self._core.fleet.adopt(published, monotonic())
+        else:
+            try:
+                published = await call_until_async(monotonic(), read)  # one try
+            except BrokerUnavailable:
+                fleet.postpone(monotonic())
+                return
+        fleet.adopt(published, monotonic())
 
     async def policy(self, model: str) -> ModelPolicy:
         """The policy the fleet serves ``model`` with (its batchers', else this producer's

@@ -266,12 +266,22 @@ class Producer:
         return accepted
 
     def _follow_fleet(self, deadline: float | None = None) -> None:
-        """Reads the fleet's model policies when they are due (every few seconds), trying
-        until ``deadline`` (``submit_retry_s`` from now) while Redis cannot be reached."""
-        if self._core.fleet.due(monotonic()):
-            read = partial(self._client.hgetall, self._core.keys.policies())
+        """Reads the fleet's model policies when they are due (every few seconds): the first
+        time trying until ``deadline`` (``submit_retry_s`` from now) while Redis cannot be
+        reached, later once, keeping the last ones read when that fails."""
+        fleet = self._core.fleet
+        if not fleet.due(monotonic()):
+            return
+        read = partial(self._client.hgetall, self._core.keys.policies())
+        if not fleet.followed():
             published = call_until(deadline or self._core.submit_deadline(), read)
-            self._core.fleet.adopt(published, monotonic())
+        else:
+            try:
+                published = call_until(monotonic(), read)  # one try
+            except BrokerUnavailable:
+                fleet.postpone(monotonic())
+                return
+        fleet.adopt(published, monotonic())
 
     def policy(self, model: str) -> ModelPolicy:
         """The policy the fleet serves ``model`` with (its batchers', else this producer's

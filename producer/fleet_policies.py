@@ -46,6 +46,16 @@ class FleetPolicies:
         """Whether the fleet's policies are to be read again (``now``: monotonic seconds)."""
         return now - self._read_at >= REFRESH_S
 
+    def followed(self) -> bool:
+        """Whether the fleet's policies were read once: a refresh that cannot reach Redis
+        then keeps them instead of holding admission (on a Redis Cluster, the node that holds
+        ``bf:policies`` may be down while a model's own node serves)."""
+        return self._read_at != float("-inf")
+
+    def postpone(self, now: float) -> None:
+        """Keeps the policies read last until ``REFRESH_S`` after ``now``."""
+        self._read_at = now
+
     def adopt(self, published: Mapping[bytes | str, bytes | str], now: float) -> None:
         """Follows the policies the fleet published (``bf:policies``, read at ``now``)."""
         self._read_at = now

@@ -20,10 +20,12 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster
+import redis.cluster
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 from redis.commands.core import AsyncScript, Script
@@ -82,15 +84,33 @@ def queue(
     pipe.evalsha(script.sha, len(keys), *keys, *args)
 
 
+class Deferred:
+    """Stands in for a pipeline on a Redis Cluster, whose redis-py pipeline refuses script
+    calls: it records each command ``build`` queues, for ``execute`` to run one by one."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def record(*args: Any, **kwargs: Any) -> None:
+            self.commands.append((name, args, kwargs))
+
+        return record
+
+
 def execute(
     client: redis.Redis, build: Callable[[Pipeline], None], scripts: Sequence[Script]
 ) -> list[Any]:
     """The replies of a pipeline (no transaction) that ``build`` fills, with ``scripts``'
-    calls queued by ``queue``. Where Redis has not loaded one of them (it restarted, failed
-    over, or flushed its scripts) they are loaded and the pipeline runs once more: every
-    command in it must be safe to repeat."""
+    calls queued by ``queue``; on a Redis Cluster, of its commands run one by one. Where Redis
+    has not loaded one of the scripts (it restarted, failed over, or flushed its scripts) they
+    are loaded and it all runs once more: every command in it must be safe to repeat."""
 
     def run() -> list[Any]:
+        if isinstance(client, redis.cluster.RedisCluster):
+            deferred = Deferred()
+            build(cast(Pipeline, deferred))
+            return [getattr(client, name)(*a, **kw) for name, a, kw in deferred.commands]
         with client.pipeline(transaction=False) as pipe:
             build(pipe)
             return pipe.execute()
@@ -111,6 +131,10 @@ async def execute_async(
     """``execute`` on an asyncio client."""
 
     async def run() -> list[Any]:
+        if isinstance(client, aioredis.cluster.RedisCluster):
+            deferred = Deferred()
+            build(cast(AsyncPipeline, deferred))
+            return [await getattr(client, name)(*a, **kw) for name, a, kw in deferred.commands]
         async with client.pipeline(transaction=False) as pipe:
             build(pipe)
             return await pipe.execute()

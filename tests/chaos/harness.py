@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from producer.client import Producer
 from tests.chaos.hosts import Hosts
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport
 from tests.chaos.ledger_model import read_executions
+from workers.local.local_cluster import LocalCluster
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
 from workers.local.sentinel_group import NAME as SENTINEL_NAME
@@ -73,9 +74,9 @@ class WriteObserver:
 
     SET_EVENTS = "__keyevent@0__:set"
 
-    def __init__(self, url: str, keys: Keys) -> None:
+    def __init__(self, url: str, keys: Keys, models: Sequence[str]) -> None:
         self.url = url
-        self.result_prefix = keys.result(MODEL, "")
+        self.result_prefixes = [keys.result(model, "") for model in models]
         self.writes: Counter[str] = Counter()
         self.subscribed = threading.Event()
         self._marker = f"write-observer:{uuid.uuid4().hex}"
@@ -126,15 +127,17 @@ class WriteObserver:
                 self._count(message["data"].decode())
 
     def _count(self, key: str) -> None:
-        if key.startswith(self.result_prefix):
-            self.writes[key.removeprefix(self.result_prefix)] += 1
+        for prefix in self.result_prefixes:
+            if key.startswith(prefix):
+                self.writes[key.removeprefix(prefix)] += 1
 
 
 class ChaosFleet:
     """A private Redis (or, with ``sentinel``, a Sentinel group: ``group``; with ``hosts``,
-    on the host ``redis`` of those), the processes of a fleet serving the ledger model (its
-    writes waiting for ``wait_replicas`` replicas), and an observer of each Redis node's
-    writes."""
+    on the host ``redis`` of those; with ``cluster``, a Redis Cluster of three masters:
+    ``cluster``, the batches on a Redis of their own), the processes of a fleet serving the
+    ledger model as each of ``models`` (its writes waiting for ``wait_replicas`` replicas),
+    and an observer of each Redis node's writes."""
 
     def __init__(
         self,
@@ -145,20 +148,33 @@ class ChaosFleet:
         sentinel: bool = False,
         wait_replicas: int = 0,
         hosts: Hosts | None = None,
+        cluster: bool = False,
+        models: Sequence[str] = (MODEL,),
         **env: str,
     ) -> None:
         events = ("--notify-keyspace-events", "E$", *redis_args)
         self.group = SentinelGroup(*events) if sentinel else None
+        self.cluster = LocalCluster(*events) if cluster else None
+        self.broker = LocalRedis() if cluster else None
         if self.group is not None:
             self.redis = self.group.nodes[0]
+        elif self.cluster is not None:
+            self.redis = self.cluster.nodes[0]
         elif hosts is not None:  # reached from the other hosts: no loopback-only mode
-            where_redis = {"host": hosts.address[REDIS_HOST], "wrapper": hosts.run_in(REDIS_HOST)}
-            self.redis = LocalRedis(*events, "--protected-mode", "no", **where_redis)
+            self.redis = LocalRedis(
+                *events,
+                *("--protected-mode", "no"),
+                host=hosts.address[REDIS_HOST],
+                wrapper=hosts.run_in(REDIS_HOST),
+            )
         else:
             self.redis = LocalRedis(*events)
         where: dict[str, str] = {"redis_url": self.redis.url}
         if self.group is not None:
             where = {"redis_url": self.group.url, "redis_sentinel_master": SENTINEL_NAME}
+        if self.cluster is not None and self.broker is not None:
+            where = {"redis_url": self.cluster.url, "redis_cluster": "true"}
+            where["broker_url"] = self.broker.url
         if wait_replicas:
             where["redis_wait_replicas"] = str(wait_replicas)
         self.executions_path = str(folder / "executions.log")
@@ -167,7 +183,7 @@ class ChaosFleet:
             "options": {"executions_path": self.executions_path, **(model_options or {})},
             **(policy or {}),
         }
-        self.models = {MODEL: model}
+        self.models = {name: model for name in models}
         self.keys = Keys(PREFIX)
         self.settings: Settings = load_settings(**where, key_prefix=PREFIX, models=self.models)
         self.processes = LocalFleet(
@@ -179,16 +195,31 @@ class ChaosFleet:
                 **env,
             }
         )
-        nodes = self.group.nodes if self.group else [self.redis]
-        self.observers = [WriteObserver(node.url, self.keys) for node in nodes]
-        self.client = connect(self.settings)
+        nodes = [self.redis]
+        if self.group is not None:
+            nodes = self.group.nodes
+        elif self.cluster is not None:
+            nodes = self.cluster.nodes
+        self.observers = [WriteObserver(node.url, self.keys, models) for node in nodes]
+        self._client: redis.Redis | None = None
         self._supervisors: list[threading.Thread] = []
         self.starts: Counter[str] = Counter()
         self._closing = threading.Event()
 
+    @property
+    def client(self) -> redis.Redis:
+        """A client of the fleet's Redis, made once it runs (a cluster's client asks it for
+        its slots at once)."""
+        if self._client is None:
+            self._client = connect(self.settings)
+        return self._client
+
     def start(self) -> ChaosFleet:
         if self.group is not None:
             self.group.start()
+        elif self.cluster is not None and self.broker is not None:
+            self.cluster.start()
+            self.broker.start()
         else:
             self.redis.start()
         for observer in self.observers:
@@ -198,7 +229,10 @@ class ChaosFleet:
     def writes(self) -> Counter[str]:
         """Writes of each request's result, as the observer of the Redis that holds the data
         now counted them: on a Sentinel group, the master's (a replica sees its master's
-        writes too, and writes the sentinels' failover took back never reach it)."""
+        writes too, and writes the sentinels' failover took back never reach it); on a
+        cluster, every master's (each holds its own keys)."""
+        if self.cluster is not None:
+            return sum((observer.writes for observer in self.observers), Counter())
         if self.group is None:
             return self.observers[0].writes
         master = self.group.master()
@@ -212,9 +246,13 @@ class ChaosFleet:
         self.processes.close()  # and what a supervisor started while the first pass ran
         for observer in self.observers:
             observer.stop()
-        self.client.close()
+        if self._client is not None:
+            self._client.close()
         if self.group is not None:
             self.group.stop()
+        elif self.cluster is not None and self.broker is not None:
+            self.cluster.stop()
+            self.broker.stop()
         else:
             self.redis.stop()
 
@@ -258,7 +296,7 @@ class ChaosFleet:
 
     def backlog(self) -> int:
         """Requests still in the stream: queued, running, or waiting to be reclaimed."""
-        return int(self.client.xlen(self.keys.stream(MODEL)))
+        return sum(int(self.client.xlen(self.keys.stream(model))) for model in self.models)
 
     def settle(self, timeout_s: float = 60.0) -> bool:
         """Waits until every accepted request has left the stream (its answer written)."""
@@ -272,11 +310,11 @@ class ChaosFleet:
             time.sleep(0.05)
         return False
 
-    def stored_results(self, request_ids: list[str]) -> dict[str, Result]:
+    def stored_results(self, model: str, request_ids: list[str]) -> dict[str, Result]:
         stored = {}
         for start in range(0, len(request_ids), 500):
             chunk = request_ids[start : start + 500]
-            raws = self.client.mget([self.keys.result(MODEL, request_id) for request_id in chunk])
+            raws = self.client.mget([self.keys.result(model, request_id) for request_id in chunk])
             for request_id, raw in zip(chunk, raws, strict=True):
                 if raw is not None:
                     stored[request_id] = Result.model_validate_json(raw)
@@ -285,7 +323,7 @@ class ChaosFleet:
     def account(self, scenario: str, ledger: Ledger, notes: str = "") -> LedgerReport:
         """The ledger's report after the fleet settled."""
         ids = list(ledger.accepted)
-        stored = self.stored_results(ids)
+        stored = self.stored_results(ledger.model, ids)
         writes = self.writes()
         runs = Counter(read_executions(self.executions_path))
         errors: Counter[str] = Counter(
@@ -304,7 +342,7 @@ class ChaosFleet:
                 for i, result in stored.items()
                 if result.ok and result.output != {"echo": ledger.accepted[i]}
             ],
-            reexecutions=sum(max(0, runs[i] - 1) for i in ids),
+            reexecutions=sum(max(0, runs[ledger.accepted[i]["n"]] - 1) for i in ids),
             notes=notes,
         )
 

@@ -18,8 +18,13 @@ MODEL = "ledger"
 
 @dataclass
 class Ledger:
-    """What was sent, and what the producer answered at submit."""
+    """What was sent to ``model``, and what the producer answered at submit. Each input's
+    ``n`` labels it (``id_prefix`` and a count: two ledgers of one scenario need two
+    prefixes) and is its request id, unless ``drawn_ids``: then the producer draws the id."""
 
+    model: str = MODEL
+    id_prefix: str = "c"
+    drawn_ids: bool = False
     accepted: dict[str, Any] = field(default_factory=dict)
     refused: Counter[str] = field(default_factory=Counter)
     refusal_s: list[float] = field(default_factory=list)
@@ -27,7 +32,8 @@ class Ledger:
 
     def new_input(self, **extra: Any) -> tuple[str, dict[str, Any]]:
         self._next += 1
-        return f"c{self._next}", {"n": f"c{self._next}", **extra}
+        request_id = f"{self.id_prefix}{self._next}"
+        return request_id, {"n": request_id, **extra}
 
     def send_new(self, producer: Producer, **extra: Any) -> str:
         """Submits a fresh request (``{"n": id, **extra}``); returns its id."""
@@ -42,7 +48,10 @@ class Ledger:
         long the refusal took)."""
         started = time.monotonic()
         try:
-            producer.submit(MODEL, value, request_id=request_id, **options)
+            if self.drawn_ids:
+                request_id = producer.submit(self.model, value, **options)
+            else:
+                producer.submit(self.model, value, request_id=request_id, **options)
         except RequestRejected as exc:
             self.refused[type(exc).__name__] += 1
             self.refusal_s.append(time.monotonic() - started)

@@ -67,7 +67,7 @@ def test_redis_killed_with_aof_everysec_answers_right_or_says_unknown(
     callers = kill_redis_under_load(fleet, ledger)
     report = record(fleet.account("3b Redis SIGKILL, restarted with AOF everysec", ledger))
     assert not report.wrong and not report.errors, report.table()
-    stored = fleet.stored_results(list(ledger.accepted))
+    stored = fleet.stored_results(ledger.model, list(ledger.accepted))
     taken_back = [request_id for request_id in ledger.accepted if request_id not in stored]
     assert report.ok + len(taken_back) == report.accepted
     with fleet.producer() as producer:

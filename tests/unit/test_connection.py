@@ -17,7 +17,7 @@ class ReportsVersion:
         self.version = version
 
     def execute_command(self, *args: Any) -> list[Any]:
-        assert args == ("HELLO", 2)
+        assert args == ("HELLO", "2")
         return [b"server", b"redis", b"version", self.version.encode(), b"proto", 2]
 
 

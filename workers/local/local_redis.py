@@ -52,6 +52,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 class LocalRedis:
     """Starts and stops one redis-server process; no persistence unless asked (``extra_args``
     come last on its command line, so they override the defaults). It listens on loopback,

@@ -139,28 +139,28 @@ def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dic
     ``ttl_s``, and publishes its measured model times. Returns its models' queue depths, and
     False when another worker holds its GPU claim (Redis lost it while frozen or
     restarted)."""
-    pipe = client.pipeline(transaction=False)
     device_heartbeat = lua.register(client, "device_heartbeat")
-    for model in beat.models:
-        device_heartbeat(
-            keys=[keys.devices(model)], args=[beat.device_consumer, beat.ttl_s], client=pipe
-        )
-    node = keys.node(beat.hostname)
-    pipe.delete(node)
-    if beat.status:
-        pipe.hset(node, mapping=beat.status)
-        pipe.pexpire(node, int(beat.ttl_s * 1000))
-    for model, times in beat.model_times.items():
-        pipe.hset(keys.model_time(model), mapping=times)
-    for model in beat.models:
-        pipe.xlen(keys.stream(model))
-    if beat.gpu_claim is not None:
-        lua.register(client, "renew_claim")(
-            keys=[beat.gpu_claim.key],
-            args=[beat.gpu_claim.owner, int(beat.ttl_s * 1000)],
-            client=pipe,
-        )
-    replies = pipe.execute()
+    renew_claim = lua.register(client, "renew_claim")
+
+    def build(pipe: Any) -> None:
+        for model in beat.models:
+            lua.queue(
+                pipe, device_heartbeat, [keys.devices(model)], [beat.device_consumer, beat.ttl_s]
+            )
+        node = keys.node(beat.hostname)
+        pipe.delete(node)
+        if beat.status:
+            pipe.hset(node, mapping=beat.status)
+            pipe.pexpire(node, int(beat.ttl_s * 1000))
+        for model, times in beat.model_times.items():
+            pipe.hset(keys.model_time(model), mapping=times)
+        for model in beat.models:
+            pipe.xlen(keys.stream(model))
+        if beat.gpu_claim is not None:
+            claim = beat.gpu_claim
+            lua.queue(pipe, renew_claim, [claim.key], [claim.owner, int(beat.ttl_s * 1000)])
+
+    replies = lua.execute(client, build, [device_heartbeat, renew_claim])
     held = bool(replies.pop()) if beat.gpu_claim is not None else True
     depths = replies[len(replies) - len(beat.models) :]
     return {model: int(depth) for model, depth in zip(beat.models, depths, strict=True)}, held

@@ -247,9 +247,7 @@ class ResultWriter:
                 list(entry_ids),
                 justid=True,
             )
-        if request_ids:
-            pipe.mget([self._keys.result(self._model, request_id) for request_id in request_ids])
+        for request_id in request_ids:  # one by one: a cluster's pipeline takes no MGET
+            pipe.exists(self._keys.result(self._model, request_id))
         replies = pipe.execute()
-        if not request_ids:
-            return []
-        return [found is not None for found in replies[-1]]
+        return [bool(found) for found in replies[len(replies) - len(request_ids) :]]

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
+from config.connection import pool_of
 from config.keys import CONSUMER_GROUP
 from config.schema import Request
 from config.settings import Settings
@@ -91,7 +92,7 @@ class Device:
             return [entry for _, entries in reply or [] for entry in entries], _nothing
         if not ids:
             return [], _nothing
-        pool = self._client.connection_pool
+        pool = pool_of(self._client, stream)
         connection = pool.get_connection()
         try:
             connection.send_command(  # type: ignore[no-untyped-call]
