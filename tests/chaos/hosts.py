@@ -8,7 +8,9 @@ over its link, and its traffic reaches nothing but the hosts made here.
 ``cut(name)`` takes a host's switch port down: what it sends, and what is sent to it, is
 dropped, not refused, as when a cable or a switch fails (every host knows every other's
 link-layer address for good, so no failed address lookup answers "no route to host");
-``heal(name)`` brings it back.
+``heal(name)`` brings it back. ``impair(name, delay_ms, loss)`` puts a link with latency and
+loss between a host and the switch (``tests/chaos/impaired_link``, in user space: this
+machine's kernel has no ``tc netem``).
 Everything is removed with the namespaces on ``stop()``. Needs root and iproute2's ``ip``:
 ``unavailable()`` says why not, where either is missing.
 """
@@ -17,14 +19,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
 
 SUBNET = "192.0.2"
-FIRST_HOST = 201  # far from the addresses a real network gives out first
+# Hosts take addresses from here on, at a random start (two runs at once must not route the
+# same address), far from those a real network gives out first.
+FIRST_HOST, LAST_HOST = 160, 248
 CLIENT_ADDRESS = f"{SUBNET}.250"
 CLIENT = "client"
 
@@ -47,22 +53,32 @@ def ip_output(*args: str) -> str:
 
 
 class Hosts:
-    """Namespaced hosts ``names`` (addresses ``192.0.2.201`` onwards, in order) and the
-    client."""
+    """Namespaced hosts ``names`` (consecutive addresses from ``192.0.2.160`` on, in order)
+    and the client."""
 
     def __init__(self, names: Sequence[str]) -> None:
         token = uuid.uuid4().hex[:6]
         self._token = token
         self._switch = f"bf{token}-sw"
         self.namespace = {name: f"bf{token}-{name}" for name in names}
-        self.address = {name: f"{SUBNET}.{FIRST_HOST + n}" for n, name in enumerate(names)}
+        first = random.randint(FIRST_HOST, LAST_HOST - len(names))
+        self.address = {name: f"{SUBNET}.{first + n}" for n, name in enumerate(names)}
         self.address[CLIENT] = CLIENT_ADDRESS
         # The switch's port of each host (a veth end in the switch namespace).
         self._port = {name: f"bf{token}p{n}" for n, name in enumerate([*names, CLIENT])}
         self._made: list[str] = []
         self._client_end = f"bf{token}c"
+        self._impairers: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> Hosts:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         ip("netns", "add", self._switch)
         self._made.append(self._switch)
         ip("-n", self._switch, "link", "add", "br0", "type", "bridge")
@@ -74,12 +90,10 @@ class Hosts:
             self._link(name, namespace)
         self._link(CLIENT, None)
         self._pin_neighbours()
-        return self
 
     def _pin_neighbours(self) -> None:
         """Every host (the client too) keeps every other's link-layer address for good."""
-        ends = {name: (["-n", namespace], "eth0") for name, namespace in self.namespace.items()}
-        ends[CLIENT] = ([], self._client_end)
+        ends = dict(zip([*self.namespace, CLIENT], self._ends(), strict=True))
         macs = {}
         for name, (where, device) in ends.items():
             (link,) = json.loads(ip_output(*where, "-j", "link", "show", device))
@@ -122,9 +136,38 @@ class Hosts:
     def heal(self, name: str) -> None:
         ip("-n", self._switch, "link", "set", self._port[name], "up")
 
+    def impair(self, name: str, delay_ms: float, loss: float) -> None:
+        """Every frame between host ``name`` and the switch arrives ``delay_ms`` late (so a
+        round trip takes twice that longer), and ``loss`` of them (0..1) never do."""
+        port, near, far = self._port[name], f"bf{self._token}i{name[:2]}", f"bf{self._token}j"
+        ip("-n", self._switch, "link", "set", port, "nomaster")
+        ip("-n", self._switch, "link", "add", near, "type", "veth", "peer", "name", far)
+        ip("-n", self._switch, "link", "set", near, "master", "br0")
+        for device in (near, far):
+            ip("-n", self._switch, "link", "set", device, "up")
+        # The link copies frames one by one: no sender may hand it a segment larger than one.
+        for where, device in self._ends():
+            ip(*where, "link", "set", device, "gso_max_segs", "1")
+        command = [sys.executable, "-m", "tests.chaos.impaired_link", port, far]
+        self._impairers.append(
+            subprocess.Popen([*self.run_in_switch(), *command, str(delay_ms), str(loss)])
+        )
+
+    def run_in_switch(self) -> list[str]:
+        return ["ip", "netns", "exec", self._switch]
+
+    def _ends(self) -> list[tuple[list[str], str]]:
+        """Every host's own end of its link (the client's in this process's namespace)."""
+        ends = [(["-n", namespace], "eth0") for namespace in self.namespace.values()]
+        return [*ends, ([], self._client_end)]
+
     def stop(self) -> None:
         """Removes the client's link (its routes with it) and the namespaces, and with them
         every other link (a veth pair goes with either end)."""
+        for impairer in self._impairers:
+            impairer.kill()
+            impairer.wait()
+        self._impairers.clear()
         subprocess.run(["ip", "link", "del", self._client_end], check=False, capture_output=True)
         for namespace in reversed(self._made):
             subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)

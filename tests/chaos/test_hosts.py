@@ -1,6 +1,7 @@
 """Scenario 15 of the ledger: a fleet across hosts (network namespaces, ``tests/chaos/hosts``)
-whose network fails: a GPU host cut off from Redis mid-batch, the client host cut off while
-its callers wait, a worker told to stop while its host is cut off."""
+whose network fails: a GPU host cut off from Redis mid-batch, a GPU host behind a slow, lossy
+link, the client host cut off while its callers wait, a worker told to stop while its host
+is cut off."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ GPU_HOSTS = ("gpu-a", "gpu-b")
 # and it rejoins under load.
 LOAD_AFTER_CUT_S = 8.0
 CLIENT_CUT_S = 10.0
+# 200 ms more per round trip and 5% of frames lost, on the link of one GPU host.
+DELAY_EACH_WAY_MS = 100
+LOSS = 0.05
+SLOW_LOAD_S = 10.0
 # A process's own teardown once its grace period ends (Python and Celery exiting).
 EXIT_SLACK_S = 5.0
 
@@ -138,3 +143,21 @@ def test_a_worker_told_to_stop_while_its_host_is_cut_off_exits_in_its_grace_peri
     report = record(fleet.account("15 worker told to stop while its host is cut off", ledger))
     assert_nothing_lost(report)
     assert report.ok == report.accepted
+
+
+def test_a_gpu_host_behind_a_slow_lossy_link(
+    hosts_fleet: tuple[Hosts, ChaosFleet], record: Record
+) -> None:
+    """gpu-a reaches Redis with 200 ms more per round trip and 5% of frames lost: the fleet
+    keeps serving, every request answered once, gpu-a's processes still running."""
+    hosts, fleet = hosts_fleet
+    hosts.impair("gpu-a", DELAY_EACH_WAY_MS, LOSS)
+    processes = {host: serve_on(hosts, fleet, host) for host in GPU_HOSTS}
+    ledger = Ledger()
+    with load_running(fleet, ledger, seconds=SLOW_LOAD_S):
+        pass
+    assert fleet.settle(timeout_s=120), f"backlog {fleet.backlog()}\n{fleet.processes.logs()}"
+    report = record(fleet.account("15 GPU host behind 200 ms and 5% loss", ledger))
+    assert_nothing_lost(report)
+    assert report.ok == report.accepted
+    assert all(process.poll() is None for process in processes["gpu-a"]), "gpu-a gave up"
