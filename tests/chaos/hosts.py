@@ -25,7 +25,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
-from types import TracebackType
+
+from workers.local.startable import Startable
 
 SUBNET = "192.0.2"
 # Hosts take addresses from here on, at a random start (two runs at once must not route the
@@ -52,7 +53,7 @@ def ip_output(*args: str) -> str:
     return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
 
 
-class Hosts:
+class Hosts(Startable):
     """Namespaced hosts ``names`` (consecutive addresses from ``192.0.2.160`` on, in order)
     and the client."""
 
@@ -69,14 +70,6 @@ class Hosts:
         self._made: list[str] = []
         self._client_end = f"bf{token}c"
         self._impairers: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> Hosts:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _start(self) -> None:
         ip("netns", "add", self._switch)
@@ -172,14 +165,3 @@ class Hosts:
         for namespace in reversed(self._made):
             subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
         self._made.clear()
-
-    def __enter__(self) -> Hosts:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

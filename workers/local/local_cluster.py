@@ -10,13 +10,13 @@ the other masters' slots meanwhile (``cluster-require-full-coverage no``).
 from __future__ import annotations
 
 import time
-from types import TracebackType
 
 import redis
 from redis.crc import key_slot
 
 from config.errors import BrokerUnavailable
 from workers.local.local_redis import LocalRedis, free_port, port_is_free
+from workers.local.startable import Startable
 
 SLOTS = 16384
 # A cluster node also listens on its port + 10000 (the cluster bus).
@@ -38,7 +38,7 @@ def cluster_port() -> int:
             return port
 
 
-class LocalCluster:
+class LocalCluster(Startable):
     """``masters`` cluster-enabled ``redis-server`` processes joined into one cluster."""
 
     def __init__(self, *extra_args: str, masters: int = 3) -> None:
@@ -51,14 +51,6 @@ class LocalCluster:
             LocalRedis(*cluster_args, *extra_args, port=cluster_port()) for _ in range(masters)
         ]
         self.url = self.nodes[0].url
-
-    def start(self) -> LocalCluster:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _start(self) -> None:
         for node in self.nodes:
@@ -113,14 +105,3 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-
-    def __enter__(self) -> LocalCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -14,11 +14,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
 from config.errors import BrokerUnavailable
+from workers.local.startable import Startable
 
 START_TIMEOUT_S = 10.0
 
@@ -61,7 +61,7 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-class LocalRedis:
+class LocalRedis(Startable):
     """Starts and stops one redis-server process; no persistence unless asked (``extra_args``
     come last on its command line, so they override the defaults). It listens on loopback,
     or on ``host`` when started by ``wrapper`` (a command that runs another, such as
@@ -84,8 +84,8 @@ class LocalRedis:
         self._dir = tempfile.mkdtemp(prefix="batchfleet-redis-")
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> LocalRedis:
-        """Starts the server and waits until it answers PING.
+    def _start(self) -> None:
+        """Starts the server and waits until it answers PING (``start()``).
 
         Raises:
             BrokerUnavailable: it did not answer within 10 s.
@@ -119,10 +119,9 @@ class LocalRedis:
             try:
                 client.ping()
                 client.close()
-                return self
+                return
             except redis.ConnectionError:
                 time.sleep(0.05)
-        self.stop()
         raise BrokerUnavailable(f"redis-server did not start on port {self.port}")
 
     @property
@@ -153,14 +152,3 @@ class LocalRedis:
                 self._process.wait()
         self._process = None
         shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> LocalRedis:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

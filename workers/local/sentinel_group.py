@@ -21,12 +21,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
 from config.errors import BrokerUnavailable
 from workers.local.local_redis import LocalRedis, free_port, redis_server_binary
+from workers.local.startable import Startable
 
 NAME = "bfmaster"
 QUORUM = 2
@@ -34,7 +34,7 @@ DOWN_AFTER_MS = 1000
 SETTLE_TIMEOUT_S = 60.0
 
 
-class SentinelGroup:
+class SentinelGroup(Startable):
     """Two ``redis-server`` nodes (``extra_args`` for both) and three sentinels watching them."""
 
     def __init__(
@@ -73,7 +73,7 @@ class SentinelGroup:
             *("--tls-port", str(tls_port)),
         ]
 
-    def start(self) -> SentinelGroup:
+    def _start(self) -> None:
         for node in self.nodes:
             node.start()
         self._wait(lambda: self._replication(self.nodes[1]).get("master_link_status") == "up")
@@ -104,7 +104,6 @@ class SentinelGroup:
                     )
                 )
         self._wait(self._sentinels_agree)
-        return self
 
     def master(self) -> LocalRedis:
         """The node the sentinels name as master now."""
@@ -221,14 +220,3 @@ class SentinelGroup:
             if time.monotonic() > deadline:
                 raise BrokerUnavailable("the Sentinel group did not settle")
             time.sleep(0.05)
-
-    def __enter__(self) -> SentinelGroup:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
