@@ -60,12 +60,22 @@ def client_options(settings: Settings, retry: Any = None) -> dict[str, Any]:
     }
 
 
+# What redis-py raises while Redis cannot serve us for now: a refused or dropped connection, a
+# timeout, a server still loading its data, a replica refusing writes during a failover, a
+# cluster whose node for the key is down or whose slots are moving.
+OUTAGES = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+
+
 def is_outage(exc: BaseException) -> bool:
-    """Whether a redis-py error means Redis cannot serve us for now (a refused or dropped
-    connection, a timeout, a server still loading its data, a replica refusing writes during a
-    failover): trying again later may work. Refused credentials are no outage."""
-    transient = redis.ConnectionError | redis.TimeoutError | redis.exceptions.ReadOnlyError
-    return isinstance(exc, transient) and not isinstance(exc, redis.AuthenticationError)
+    """Whether a redis-py error means Redis cannot serve us for now (``OUTAGES``): trying
+    again later may work. Refused credentials are no outage."""
+    return isinstance(exc, OUTAGES) and not isinstance(exc, redis.AuthenticationError)
 
 
 @contextmanager

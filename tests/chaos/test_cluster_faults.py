@@ -1,6 +1,7 @@
 """Scenario 16 of the ledger: the request path on a Redis Cluster of three masters (the
 batches on a Redis of their own), two models whose keys live on different masters, under
-load; the master of one is SIGKILLed and restarted on its AOF."""
+load; the master of one is SIGKILLed, left down until the cluster marks it failed, and
+restarted on its AOF."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ def test_a_master_killed_under_load_and_restarted_on_its_aof(
             wait_until(lambda: len(killed.accepted) > RATE)
             victim.crash()
             before = len(spared.accepted)
+            # Down long enough for the cluster to mark it failed (CLUSTERDOWN for its slots).
+            wait_until(lambda: fleet.cluster.marked_failed(victim))  # type: ignore[union-attr]
             wait_until(lambda: len(spared.accepted) >= before + SERVED_MEANWHILE)
             victim.start()
             fleet.cluster.wait_ok()

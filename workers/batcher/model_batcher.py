@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 
 from config import lua
 from config.batch_task import RUN_BATCH_TASK, BatchTask
-from config.connection import REDIS_RETRY_PAUSE_S, connect
+from config.connection import OUTAGES, REDIS_RETRY_PAUSE_S, connect
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
 from config.replica_wait import ReplicaWait
@@ -123,7 +123,7 @@ class ModelBatcher:
                     started = True
                 self.step()
                 self.health.reached()
-            except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
+            except (*OUTAGES, OperationalError) as exc:
                 log.warning("model %s: Redis unavailable (%s); retrying", self.model, exc)
                 stop.wait(REDIS_RETRY_PAUSE_S)
             except redis.ResponseError as exc:

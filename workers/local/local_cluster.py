@@ -84,6 +84,18 @@ class LocalCluster(Startable):
                 raise BrokerUnavailable("the Redis Cluster did not settle")
             time.sleep(0.05)
 
+    def marked_failed(self, down: LocalRedis) -> bool:
+        """Whether the other nodes have marked ``down``'s slots failed (after the node
+        timeout): commands for them are refused with CLUSTERDOWN until it is back."""
+        live = next(node for node in self.nodes if node is not down)
+        client = self._client(live)
+        try:
+            return int(client.cluster("INFO").get("cluster_slots_fail", 0)) > 0
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
     def _serving(self, node: LocalRedis) -> bool:
         client = self._client(node)
         try:
