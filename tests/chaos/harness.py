@@ -274,14 +274,13 @@ class ChaosFleet:
             queue=self.keys.celery_queue(MODEL),
         )
 
-    def supervise(self, *args: str, wrapper: Sequence[str] = ()) -> None:
-        """Runs ``batchfleet ARGS`` (by ``wrapper``, as ``LocalFleet.start``) and restarts it
-        whenever it exits, as a supervisor does."""
+    def supervise(self, *args: str) -> None:
+        """Runs ``batchfleet ARGS`` and restarts it whenever it exits, as a supervisor does."""
 
         def keep_running() -> None:
             while not self._closing.is_set():
                 self.starts[" ".join(args)] += 1
-                self.processes.start(*args, wrapper=wrapper).wait()
+                self.processes.start(*args).wait()
 
         thread = threading.Thread(target=keep_running, name=f"supervise {args}", daemon=True)
         thread.start()

@@ -7,6 +7,8 @@ outside its polling loop (``Channel.conn_or_acquire``), and building one costs a
 CPU as the command it sends: three times a batch in a worker (its received/started/succeeded
 events, the reservation, the ack) and twice in a batcher. This channel builds one per channel
 and connection pool and reuses it; connections still come from the same pool, per command.
+A channel that kombu closed under a producer raises a connection error, which kombu's retry
+recovers from.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ class ReusedClient:
 
     _reused_client: redis.Redis | None = None
     pool: Any
+    connection: Any
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
         if client:
             yield client
             return
+        if self.connection is None:
+            # kombu closed this channel when it reconnected (a declare retried inside a
+            # publish does); a connection error makes kombu's ensure() give the producer an
+            # open one and try again, where the closed channel would fail on an attribute.
+            raise redis.ConnectionError("the broker channel was closed by a reconnect")
         reused = self._reused_client
         if reused is None or reused.connection_pool is not self.pool:
             reused = self._reused_client = self._create_client()  # type: ignore[attr-defined]
