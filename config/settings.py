@@ -155,6 +155,18 @@ class AlertSettings(BaseModel):
     stuck_s: float = Field(120.0, gt=0)
 
 
+class GatewaySettings(BaseModel):
+    """The HTTP gateway (``batchfleet gateway``): its API keys, given in ``api_keys``
+    (comma-separated) or a file of one key or ``sha256:HEX`` digest a line, and the size caps
+    of a request body and of an uploaded file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_keys: SecretStr | None = None
+    api_keys_file: Path | None = None
+    max_body_bytes: int = Field(4 * MIB, ge=1024)
+
+
 def default_models() -> dict[str, ModelPolicy]:
     """With no configuration the fleet serves one synthetic model named ``synthetic``."""
     return {"synthetic": ModelPolicy()}
@@ -211,6 +223,7 @@ class Settings(BaseSettings):
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     @model_validator(mode="after")
     def _check_sentinel(self) -> Settings:
@@ -305,6 +318,7 @@ def environment_names() -> list[str]:
         "batcher": BatcherSettings,
         "worker": WorkerSettings,
         "alerts": AlertSettings,
+        "gateway": GatewaySettings,
     }
     for name in Settings.model_fields:
         names.append(f"{ENV_PREFIX}{name.upper()}")

@@ -283,6 +283,16 @@ class Producer:
                 return
         fleet.adopt(published, monotonic())
 
+    def models(self) -> list[str]:
+        """The models this producer serves: the fleet's (every model a batcher published),
+        and those only its own configuration names.
+
+        Raises:
+            BrokerUnavailable: Redis cannot be reached.
+        """
+        self._follow_fleet()
+        return sorted(self._core.fleet.models)
+
     def policy(self, model: str) -> ModelPolicy:
         """The policy the fleet serves ``model`` with (its batchers', else this producer's
         configuration): queue cap, input size, deadline, priorities, response cache.

@@ -1,5 +1,5 @@
-"""The ``batchfleet`` command: ``worker``, ``batcher``, ``submit``, ``top``, ``flower``, ``demo``,
-``bench``."""
+"""The ``batchfleet`` command: ``worker``, ``batcher``, ``submit``, ``top``, ``flower``,
+``gateway``, ``demo``, ``bench``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ from workers.cli.args import (
 )
 
 log = logging.getLogger("batchfleet")
+# On SIGTERM the gateway stops taking calls and gives those it runs this long to finish.
+GATEWAY_GRACE_S = 30
+# Longer than the idle timeout of common load balancers and clients' pools (60 s), so that
+# the gateway never closes a kept-alive connection just as a client sends on it.
+GATEWAY_KEEP_ALIVE_S = 75
 
 
 def _models(settings: Settings, requested: Sequence[str] | None) -> list[str]:
@@ -160,6 +165,25 @@ def cmd_flower(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from workers.gateway.app import create_app
+
+    app = create_app(load_settings())
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=GATEWAY_GRACE_S,
+        timeout_keep_alive=GATEWAY_KEEP_ALIVE_S,
+    )
+    uvicorn.Server(config).run()
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from workers.tools.demo import run_demo
 
@@ -279,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_argument("--port", type=port_number, default=5555)
     flower.add_argument("--address", default="127.0.0.1", help="0.0.0.0 in a container")
     flower.set_defaults(handler=cmd_flower)
+
+    gateway = commands.add_parser(
+        "gateway", help="the fleet behind an OpenAI-compatible HTTP API (needs an API key)"
+    )
+    gateway.add_argument("--port", type=port_number, default=8000)
+    gateway.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a container")
+    gateway.set_defaults(handler=cmd_gateway)
 
     demo = commands.add_parser("demo", help="start a private fleet and show what batching buys")
     demo.add_argument(

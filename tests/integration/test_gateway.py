@@ -1,0 +1,322 @@
+"""The HTTP gateway (``batchfleet gateway``), called as users call it: the official ``openai``
+client for embeddings, chat (whole and streamed) and completions, and plain httpx for bad
+input, refusals and a client that leaves mid-stream. One fleet (a batcher and a worker) and
+one gateway serve every test of this file."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from config.keys import Keys
+from producer.async_client import AsyncProducer
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_redis import LocalRedis, free_port
+from workers.models.synthetic import expected_vector
+
+from .conftest import READY_TIMEOUT_S, producer_for, settings_for, wait_ready
+from .openai_server import FakeUpstream
+
+API_KEY = "sk-test-" + uuid.uuid4().hex
+DIMS = 16
+# Served by nobody: its one queue slot fills and stays full, its answers never come.
+IDLE_POLICY = {"max_queue_len": 1, "request_timeout_s": 1.0}
+CONCURRENT_CALLS = 2000
+
+
+@dataclass
+class Gateway:
+    url: str
+    fleet: LocalFleet
+    upstream: FakeUpstream
+    env: dict[str, str]
+
+    def client(self, **options: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, **options)
+
+    def post(
+        self, path: str, key: str | None = API_KEY, content_type: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        if content_type:
+            headers["Content-Type"] = content_type
+        return httpx.post(f"{self.url}{path}", headers=headers, timeout=30, **kwargs)
+
+
+def start_gateway(fleet: LocalFleet) -> str:
+    """Starts ``batchfleet gateway`` in ``fleet`` and waits until its /healthz answers."""
+    port = free_port()
+    process = fleet.start("gateway", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code in (200, 503):
+                return url
+        except httpx.TransportError:
+            time.sleep(0.1)  # the port is not open yet: the next try is the event we wait for
+    raise AssertionError(f"the gateway did not come up\n{fleet.logs()}")
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_server: LocalRedis) -> Iterator[Gateway]:
+    with FakeUpstream() as upstream:
+        upstream_options = {"base_url": upstream.url, "model": "m"}
+        models = {
+            "embed": {"options": {"base_ms": 2, "per_item_ms": 0.02, "dims": DIMS}},
+            "chat": {"backend": "openai", "options": {**upstream_options, "endpoint": "chat"}},
+            "text": {
+                "backend": "openai",
+                "options": {**upstream_options, "endpoint": "completions"},
+            },
+        }
+        env = {
+            "BATCHFLEET_REDIS_URL": redis_server.url,
+            "BATCHFLEET_KEY_PREFIX": f"t{uuid.uuid4().hex[:10]}",
+            "BATCHFLEET_MODELS": json.dumps(models),
+            "BATCHFLEET_GATEWAY__API_KEYS": API_KEY,
+            "BATCHFLEET_GATEWAY__MAX_BODY_BYTES": str(64 * 1024),
+        }
+        with LocalFleet(env) as fleet:
+            fleet.start("batcher")
+            fleet.start("worker", "--cpu")
+            with producer_for(fleet) as producer:
+                for model, warmup in (("embed", "warm"), ("chat", "warm"), ("text", "warm")):
+                    wait_ready(producer, fleet, model, warmup=warmup)
+            gateway_env = {**env, "BATCHFLEET_MODELS": json.dumps({**models, "idle": IDLE_POLICY})}
+            gateway_fleet = LocalFleet(gateway_env)
+            with gateway_fleet:
+                yield Gateway(start_gateway(gateway_fleet), gateway_fleet, upstream, gateway_env)
+
+
+def as_float32(vector: list[float]) -> Any:
+    """``vector`` as the client holds it after base64 (float32), for comparison."""
+    return pytest.approx(vector, abs=1e-6)
+
+
+def test_the_openai_client_gets_each_inputs_embedding(gateway: Gateway) -> None:
+    """One call with several texts: one vector per text, in order, as the model computes it,
+    exactly as floats, or base64-encoded (float32, what the client asks for by default)."""
+    texts = ["a red fox", "a blue whale", "a green frog"]
+    expected = [expected_vector(text, DIMS) for text in texts]
+    client = gateway.client()
+    as_floats = client.embeddings.create(model="embed", input=texts, encoding_format="float")
+    assert [row.index for row in as_floats.data] == [0, 1, 2]
+    assert [row.embedding for row in as_floats.data] == expected
+    assert as_floats.model == "embed"
+    by_default = client.embeddings.create(model="embed", input=texts)
+    assert [row.embedding for row in by_default.data] == [as_float32(v) for v in expected]
+    raw = gateway.post(
+        "/v1/embeddings", json={"model": "embed", "input": texts[0], "encoding_format": "base64"}
+    ).json()
+    packed = base64.b64decode(raw["data"][0]["embedding"])
+    assert list(struct.unpack(f"<{DIMS}f", packed)) == as_float32(expected[0])
+
+
+def test_thousands_of_concurrent_calls_each_get_the_fleets_own_answer(gateway: Gateway) -> None:
+    """2,000 concurrent calls from the async client, one text each: every answer is the
+    vector the fleet gives for that text when asked directly."""
+    texts = [f"sentence {n} {uuid.uuid4().hex}" for n in range(CONCURRENT_CALLS)]
+
+    async def through_gateway() -> list[list[float]]:
+        client = openai.AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0, timeout=120
+        )
+        async with client:
+            answers = await asyncio.gather(
+                *(client.embeddings.create(model="embed", input=text) for text in texts)
+            )
+        return [answer.data[0].embedding for answer in answers]
+
+    async def directly() -> list[Any]:
+        async with AsyncProducer(settings_for(gateway.env)) as producer:
+            return await producer.infer("embed", texts)
+
+    answers, direct = asyncio.run(through_gateway()), asyncio.run(directly())
+    assert answers == [as_float32(vector) for vector in direct]
+
+
+def test_the_openai_client_chats_whole_and_streamed(gateway: Gateway) -> None:
+    """A chat call answers in OpenAI's shape with the model's text and usage; streamed, its
+    chunks add up to the text the model generates, then the finish reason and the usage."""
+    client = gateway.client()
+    messages = [{"role": "user", "content": "count:5"}]
+    whole = client.chat.completions.create(model="chat", messages=messages)  # type: ignore[arg-type]
+    assert whole.choices[0].message.content == "echo: count:5"
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.usage is not None and whole.usage.total_tokens == 3
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=messages,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.split() == ["w1", "w2", "w3", "w4", "w5"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+
+
+def test_the_openai_client_completes_text(gateway: Gateway) -> None:
+    """The legacy completions endpoint: whole, and streamed."""
+    client = gateway.client()
+    whole = client.completions.create(model="text", prompt="hello")
+    assert whole.choices[0].text == "echo: hello"
+    streamed = client.completions.create(model="text", prompt="count:3", stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices).split() == ["w1", "w2", "w3"]
+
+
+def test_the_models_list_names_what_the_fleet_serves(gateway: Gateway) -> None:
+    names = {model.id for model in gateway.client().models.list()}
+    assert {"embed", "chat", "text"} <= names
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_request"),
+        (json.dumps({"model": "embed", "input": 5}).encode(), 400, "invalid_request"),
+        (json.dumps({"model": "embed"}).encode(), 400, "invalid_request"),
+        (json.dumps({"model": "embed", "input": [""]}).encode(), 400, "invalid_input"),
+        (json.dumps({"model": "nope", "input": "x"}).encode(), 404, "model_not_found"),
+        (json.dumps({"model": "embed", "input": "x" * 70_000}).encode(), 413, "body_too_large"),
+    ],
+)
+def test_bad_calls_get_their_status_and_the_gateway_stays_up(
+    gateway: Gateway, body: bytes, status: int, code: str
+) -> None:
+    """Malformed JSON, wrong types, a missing field, an empty text, an unknown model and a
+    body over the cap: each its HTTP status and OpenAI's error body; the gateway serves on."""
+    response = gateway.post("/v1/embeddings", content=body, content_type="application/json")
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    assert gateway.client().embeddings.create(model="embed", input="still up").data
+
+
+def test_a_body_over_the_cap_is_refused_as_it_streams_in(gateway: Gateway) -> None:
+    """A body sent in chunks, with no length declared, is refused once it passes the cap."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "embed", "input": "'
+        for _ in range(100):
+            yield b"x" * 1024
+        yield b'"}'
+
+    response = gateway.post("/v1/embeddings", content=chunks())
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize("key", [None, "sk-wrong"])
+def test_a_call_without_a_valid_key_is_refused_and_touches_nothing(
+    gateway: Gateway, key: str | None
+) -> None:
+    keys = Keys(gateway.env["BATCHFLEET_KEY_PREFIX"])
+    with redis.Redis.from_url(gateway.env["BATCHFLEET_REDIS_URL"]) as client:
+        before = client.xlen(keys.stream("embed"))
+        response = gateway.post("/v1/embeddings", key=key, json={"model": "embed", "input": "x"})
+        assert client.xlen(keys.stream("embed")) == before
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="sk-wrong").models.list()
+
+
+def test_a_full_queue_is_429_with_retry_after_and_an_unanswered_call_is_504(
+    gateway: Gateway,
+) -> None:
+    """``idle`` has room for one request and nobody serves it: the first call waits out its
+    deadline (504), a second meanwhile finds the queue full (429, Retry-After)."""
+    keys = Keys(gateway.env["BATCHFLEET_KEY_PREFIX"])
+    with (
+        ThreadPoolExecutor(1) as caller,
+        redis.Redis.from_url(gateway.env["BATCHFLEET_REDIS_URL"]) as client,
+    ):
+        first = caller.submit(gateway.post, "/v1/embeddings", json={"model": "idle", "input": "1"})
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while client.xlen(keys.stream("idle")) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # polls for the first call's admission, which the second needs
+        second = gateway.post("/v1/embeddings", json={"model": "idle", "input": "2"})
+        unanswered = first.result()
+    assert second.status_code == 429
+    assert second.headers["Retry-After"] == "1"
+    assert second.json()["error"]["code"] == "queue_full"
+    assert unanswered.status_code == 504
+    assert unanswered.json()["error"]["code"] == "timeout"
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(gateway: Gateway) -> None:
+    """The client reads the first chunk of a long stream and hangs up: the upstream call is
+    cut short, and the gateway serves on."""
+    cut_before = gateway.upstream.streams_cut
+    body = {
+        "model": "chat",
+        "stream": True,
+        "messages": [{"role": "user", "content": "count:500"}],
+    }
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        first = next(response.iter_lines())
+        assert first.startswith("data: ")
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while gateway.upstream.streams_cut == cut_before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the event: the worker closing the upstream call
+    assert gateway.upstream.streams_cut > cut_before
+    assert (
+        gateway.client()
+        .chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],  # type: ignore[list-item]
+        )
+        .choices
+    )
+
+
+def test_redis_away_is_503_and_health_says_so(redis_server: LocalRedis) -> None:
+    """A gateway whose Redis cannot be reached answers 503 (Retry-After), and /healthz 503."""
+    env = {
+        "BATCHFLEET_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "BATCHFLEET_SUBMIT_RETRY_S": "0",
+        "BATCHFLEET_GATEWAY__API_KEYS": API_KEY,
+    }
+    with LocalFleet(env) as fleet:
+        url = start_gateway(fleet)
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 503
+        response = httpx.post(
+            f"{url}/v1/embeddings",
+            json={"model": "synthetic", "input": "x"},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=30,
+        )
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
+    assert response.json()["error"]["code"] == "broker_unavailable"
+
+
+def test_the_metrics_count_calls_by_endpoint_and_status(gateway: Gateway) -> None:
+    gateway.client().embeddings.create(model="embed", input="counted")
+    gateway.post("/v1/embeddings", key=None, json={"model": "embed", "input": "x"})
+    text = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    assert (
+        'batchfleet_gateway_requests_total{endpoint="/v1/embeddings",method="POST",status="200"}'
+        in text
+    )
+    assert 'status="401"' in text
+    assert "batchfleet_gateway_request_seconds_bucket" in text

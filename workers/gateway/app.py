@@ -1,0 +1,140 @@
+"""The gateway's ASGI application: routes, the guards (API key, body cap) and metrics around
+them, and one ``AsyncProducer`` for its lifetime. It keeps no state of its own: run as many
+as you like behind a load balancer.
+
+Routes: ``POST /v1/embeddings``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /healthz`` (200 while Redis answers, else 503) and ``GET /metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from config.errors import BatchfleetError, ConfigError
+from config.settings import Settings
+from producer.async_client import AsyncProducer, connect_async
+from workers.gateway.api_keys import load_keys
+from workers.gateway.completions import CHAT, TEXT, ChatRequest, CompletionRequest, generate
+from workers.gateway.embeddings import EmbeddingRequest, TokenCounter, create_embeddings
+from workers.gateway.guards import Guards
+from workers.gateway.metrics import GatewayMetrics, MeasureRequests
+from workers.gateway.openai_errors import ApiError, api_error
+from workers.models.registry import token_counter
+
+OWNER = "batchfleet"
+
+
+class TokenCounters:
+    """Each model's ``cost`` (its tokens) where this gateway's configuration names a backend
+    that counts them, found once per model."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._found: dict[str, TokenCounter | None] = {}
+
+    def of(self, model: str) -> TokenCounter | None:
+        if model not in self._found:
+            policy = self._settings.models.get(model)
+            try:
+                self._found[model] = token_counter(policy) if policy else None
+            except ConfigError:
+                self._found[model] = None
+        return self._found[model]
+
+
+def _bad_request(_: Request, exc: Exception) -> JSONResponse:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    first = errors[0] if errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+    message = f"{where}: {first.get('msg')}" if where else str(first.get("msg", exc))
+    return ApiError(400, message, "invalid_request", where).response()
+
+
+def _refusal(_: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, BatchfleetError):
+        return api_error(exc).response()
+    if isinstance(exc, ApiError):
+        return exc.response()
+    raise exc
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    for refusal in (ApiError, BatchfleetError):
+        app.add_exception_handler(refusal, _refusal)
+    app.add_exception_handler(RequestValidationError, _bad_request)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The gateway for the fleet of ``settings``.
+
+    Raises:
+        ConfigError: no API key is configured, or a key file cannot be read.
+    """
+    keys = load_keys(settings.gateway)
+    metrics = GatewayMetrics()
+    counters = TokenCounters(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncProducer(settings, cancel_on_exit=True) as producer:
+            health = connect_async(settings)
+            app.state.producer, app.state.health = producer, health
+            try:
+                yield
+            finally:
+                await health.aclose()
+
+    app = FastAPI(title="batchfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(Guards, keys=keys, max_body_bytes=settings.gateway.max_body_bytes)
+    app.add_middleware(MeasureRequests, metrics=metrics)
+    _install_error_handlers(app)
+
+    def producer_of(request: Request) -> AsyncProducer:
+        producer: AsyncProducer = request.app.state.producer
+        return producer
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+        return await create_embeddings(body, producer_of(request), counters.of(body.model))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Any:
+        return await generate(body, producer_of(request), CHAT)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await generate(body, producer_of(request), TEXT)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        names = await producer_of(request).models()
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": OWNER} for name in names
+            ],
+        }
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        try:
+            await request.app.state.health.ping()
+        except RedisError as exc:
+            return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ok", "redis_ms": 1000 * (time.perf_counter() - started)})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

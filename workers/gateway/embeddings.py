@@ -1,0 +1,82 @@
+"""``POST /v1/embeddings``: every input becomes one request to the fleet, so it rides in
+micro-batches with everyone else's; the answer takes OpenAI's shape (vectors as floats or,
+with ``encoding_format: base64``, as little-endian float32)."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from producer.async_client import AsyncProducer
+from workers.gateway.openai_errors import ApiError
+from workers.gateway.waits import answer_wait_s
+
+# OpenAI's own cap on the inputs of one call.
+MAX_INPUTS = 2048
+TokenCounter = Callable[[Any], int]
+
+
+class EmbeddingRequest(BaseModel):
+    """The body of ``POST /v1/embeddings``: texts only (token arrays are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | list[str] = Field(union_mode="left_to_right")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+def _vector(output: Any) -> list[float]:
+    if not isinstance(output, list) or not all(
+        isinstance(value, int | float) and not isinstance(value, bool) for value in output
+    ):
+        raise ApiError(
+            500, "the model's output is not an embedding (a list of numbers)", "model_error"
+        )
+    return [float(value) for value in output]
+
+
+def _encoded(vector: Sequence[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return list(vector)
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+async def create_embeddings(
+    body: EmbeddingRequest, producer: AsyncProducer, count_tokens: TokenCounter | None
+) -> dict[str, Any]:
+    """Runs ``body``'s inputs through the fleet and answers in OpenAI's shape; ``usage``
+    counts tokens with the model's ``count_tokens`` where the gateway has one, else 0.
+
+    Raises:
+        ApiError: a bad field, or an output that is no vector.
+        BatchfleetError: the fleet refused or failed an input (the whole call fails).
+    """
+    inputs = [body.input] if isinstance(body.input, str) else body.input
+    if not inputs or len(inputs) > MAX_INPUTS or not all(inputs):
+        message = f"input must hold 1 to {MAX_INPUTS} texts, none of them empty"
+        raise ApiError(400, message, "invalid_input", "input")
+    if body.dimensions is not None:
+        raise ApiError(400, "dimensions is not supported", "invalid_input", "dimensions")
+    wait_s = await answer_wait_s(producer, body.model)
+    outputs = await producer.infer(body.model, inputs, timeout_s=wait_s)
+    tokens = sum(count_tokens(text) for text in inputs) if count_tokens else 0
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": _encoded(_vector(output), body.encoding_format),
+            }
+            for index, output in enumerate(outputs)
+        ],
+        "model": body.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
