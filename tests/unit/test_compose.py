@@ -21,7 +21,12 @@ from workers.cli.main import build_parser
 from .test_alerts import served_metric_names
 
 ROOT = Path(__file__).parents[2]
-SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "admin:pw", "GRAFANA_ADMIN_PASSWORD": "pw"}
+SECRETS = {
+    "REDIS_PASSWORD": "pw",
+    "FLOWER_BASIC_AUTH": "admin:pw",
+    "GRAFANA_ADMIN_PASSWORD": "pw",
+    "GATEWAY_API_KEYS": "sk-pw",
+}
 
 
 def compose(*args: str, env: dict[str, str] = SECRETS) -> subprocess.CompletedProcess[str]:
@@ -46,13 +51,21 @@ def services(*profiles: str) -> dict[str, Any]:
 
 def test_the_compose_file_is_valid_and_runs_the_whole_fleet() -> None:
     fleet = services()
-    assert set(fleet) == {"redis", "batcher", "worker", "flower", "prometheus", "grafana"}
+    assert set(fleet) == {
+        "redis",
+        "batcher",
+        "worker",
+        "gateway",
+        "flower",
+        "prometheus",
+        "grafana",
+    }
     assert "worker-cpu" in services("cpu")
     (gpus,) = fleet["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert gpus["driver"] == "nvidia" and gpus["count"] == -1  # all: each replica claims one
     assert "--gpu" in fleet["worker"]["command"] and "auto" in fleet["worker"]["command"]
     assert "ports" not in fleet["redis"], "Redis must not be published"
-    for name in ("flower", "prometheus", "grafana"):
+    for name in ("gateway", "flower", "prometheus", "grafana"):
         assert all(port["host_ip"] == "127.0.0.1" for port in fleet[name]["ports"]), name
     assert "--appendonly yes --appendfsync always" in " ".join(fleet["redis"]["command"])
 
@@ -78,6 +91,7 @@ def test_every_batchfleet_service_runs_a_command_the_cli_has() -> None:
         "worker": "worker",
         "worker-cpu": "worker",
         "flower": "flower",
+        "gateway": "gateway",
     }
 
 
@@ -90,6 +104,9 @@ def test_prometheus_scrapes_the_metrics_ports_the_services_serve() -> None:
     (workers,) = jobs["batchfleet-worker"]["dns_sd_configs"]
     assert set(workers["names"]) == {"worker", "worker-cpu"}
     assert workers["port"] == port_of(fleet["worker"]) == port_of(fleet["worker-cpu"])
+    (gateway,) = jobs["batchfleet-gateway"]["static_configs"]
+    command = fleet["gateway"]["command"]
+    assert gateway["targets"] == [f"gateway:{command[command.index('--port') + 1]}"]
     assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
     assert (ROOT / "config/prometheus/alerts.yml").exists()
 
