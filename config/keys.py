@@ -52,6 +52,12 @@ key                         type    writer                    reader            
 ``bf:policies``             hash    batcher (start)           producer           none
                             model→
                             policy
+``bf:gw:batches``           zset    gateway (batch created)   gateway            none; members
+                            id→                                                  ZREM'd when the
+                            created                                              batch is gone
+``bf:gw:batch:{batch_id}``  hash    gateway (batch runner,    gateway            none; DEL'd
+                                    cancel)                                      with its files
+``bf:gw:lease:{batch_id}``  string  gateway (batch runner)    gateway            the lease (30 s)
 ==========================  ======  ========================  =================  ===============
 
 ``M:r`` holds the request's digest (model and input), and while it is queued its stream
@@ -61,7 +67,10 @@ waiting for it (each producer has one inbox per model), ``M:res`` and the inbox 
 result JSON; ``M:workers`` members are ``hostname|slots`` and ``M:devices`` members device
 consumers, scored by heartbeat expiry, ``M:inflight`` members batch ids scored by dispatch
 time (Redis server time). ``bf:model_of`` names the model a caller's id was claimed for
-before admission: an id names one request of one model at a time.
+before admission: an id names one request of one model at a time. ``bf:gw:batch`` holds a
+Batch API job (``workers/gateway/batch_store.py``) and ``bf:gw:lease`` the id of the gateway
+process running it, which renews it while it runs: another gateway resumes a job whose lease
+ran out.
 
 The consumer group on each request stream is ``batchers``; Celery's queue for a model is
 ``bf.{model}`` (kombu keeps its own keys under that name).
@@ -204,6 +213,18 @@ class Keys:
     def model_of(self, request_id: str) -> str:
         """The model a request id was admitted to, for callers that know only the id."""
         return f"{self.prefix}:model_of:{request_id}"
+
+    def gateway_batches(self) -> str:
+        """The gateway's Batch API jobs, scored by when each was created."""
+        return f"{self.prefix}:gw:batches"
+
+    def gateway_batch(self, batch_id: str) -> str:
+        """One Batch API job: its fields (status, files, counts, times)."""
+        return f"{self.prefix}:gw:batch:{batch_id}"
+
+    def gateway_batch_lease(self, batch_id: str) -> str:
+        """The gateway process running a Batch API job, while it renews this."""
+        return f"{self.prefix}:gw:lease:{batch_id}"
 
     def celery_queue(self, model: str) -> str:
         """The Celery queue that carries the model's batches."""

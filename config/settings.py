@@ -157,14 +157,20 @@ class AlertSettings(BaseModel):
 
 class GatewaySettings(BaseModel):
     """The HTTP gateway (``batchfleet gateway``): its API keys, given in ``api_keys``
-    (comma-separated) or a file of one key or ``sha256:HEX`` digest a line, and the size caps
-    of a request body and of an uploaded file."""
+    (comma-separated) or a file of one key or ``sha256:HEX`` digest a line, the size caps of
+    a request body and of an uploaded file, and the folder that holds the Batch API's files
+    (shared by every gateway of the fleet; without it the Batch API is off)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     api_keys: SecretStr | None = None
     api_keys_file: Path | None = None
     max_body_bytes: int = Field(4 * MIB, ge=1024)
+    files_dir: Path | None = None
+    max_file_bytes: int = Field(200 * MIB, ge=1024)
+    # A Batch API job's runner renews its lease every third of this; a gateway takes over a
+    # job whose lease ran out.
+    batch_lease_s: float = Field(30.0, ge=1.0)
 
 
 def default_models() -> dict[str, ModelPolicy]:

@@ -18,6 +18,7 @@ from workers.tools.bulk_files import (
     claim_output,
     count_lines,
     default_job_id,
+    drop_partial_line,
     parse_line,
     read_earlier_runs,
     request_id_for,
@@ -180,6 +181,27 @@ def test_an_output_belongs_to_one_job(tmp_path: Path) -> None:
     claim_output(output, "job-a")
     with pytest.raises(ConfigError, match="holds the answers of job job-a, not job-b"):
         claim_output(output, "job-b")
+
+
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [
+        (b"", b""),
+        (b'{"a": 1}\n', b'{"a": 1}\n'),
+        (b'{"a": 1}\n{"b": 2', b'{"a": 1}\n'),
+        (b'{"b": 2', b""),
+        (b'{"a": 1}\n' + b"x" * 200_000, b'{"a": 1}\n'),
+    ],
+)
+def test_a_line_cut_short_by_a_crash_is_dropped_before_the_rerun_appends(
+    tmp_path: Path, written: bytes, kept: bytes
+) -> None:
+    """A process killed mid-write leaves a piece of a line: the rerun cuts it off, so the
+    next line it appends starts a line of its own."""
+    output = tmp_path / "results.jsonl"
+    output.write_bytes(written)
+    drop_partial_line(output)
+    assert output.read_bytes() == kept
 
 
 def test_a_bad_line_fixed_and_answered_on_a_rerun_leaves_the_job_without_errors(

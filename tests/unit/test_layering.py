@@ -18,9 +18,9 @@ ALLOWED = {
     "workers.protocol": {"config"},
     "workers.batcher": {"config", "workers.protocol", "workers.models"},
     "workers.runtime": {"config", "workers.protocol", "workers.models"},
-    # The HTTP gateway is a producer: it reaches the fleet only through producer/, and reads
-    # a model's token count from its backend.
-    "workers.gateway": {"config", "producer", "workers.models"},
+    # The HTTP gateway is a producer: it reaches the fleet only through producer/, reads a
+    # model's token count from its backend, and runs Batch API jobs as bulk jobs.
+    "workers.gateway": {"config", "producer", "workers.models", "workers.tools"},
 }
 LAYERS = sorted(ALLOWED, key=len, reverse=True)
 
@@ -72,7 +72,8 @@ def violations(module: str, imported: set[str]) -> list[str]:
 def test_no_module_imports_outside_its_layer() -> None:
     """config imports nothing of ours; the producer only config; serving code (protocol,
     batcher, runtime, models) never the producer, tools, local helpers or CLI; the batcher
-    and the worker runtime never each other; the gateway only config, the producer and models."""
+    and the worker runtime never each other; the gateway only config, the producer, models
+    and tools."""
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -3,11 +3,14 @@ them, and one ``AsyncProducer`` for its lifetime. It keeps no state of its own: 
 as you like behind a load balancer.
 
 Routes: ``POST /v1/embeddings``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, ``GET /healthz`` (200 while Redis answers, else 503) and ``GET /metrics``.
+``GET /v1/models``, the Batch API (``batches``, where the gateway has a files folder),
+``GET /healthz`` (200 while Redis answers, else 503) and ``GET /metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,16 +21,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from config.connection import connect
 from config.errors import BatchfleetError, ConfigError
+from config.keys import Keys
 from config.settings import Settings
 from producer.async_client import AsyncProducer, connect_async
 from workers.gateway.api_keys import load_keys
+from workers.gateway.batch_runner import BatchRunner
+from workers.gateway.batch_store import BatchStore
+from workers.gateway.batches import BatchApi, batch_routes
 from workers.gateway.completions import CHAT, TEXT, ChatRequest, CompletionRequest, generate
 from workers.gateway.embeddings import EmbeddingRequest, TokenCounter, create_embeddings
+from workers.gateway.files import FileStore
 from workers.gateway.guards import Guards
 from workers.gateway.metrics import GatewayMetrics, MeasureRequests
-from workers.gateway.openai_errors import ApiError, api_error
+from workers.gateway.openai_errors import ApiError, UnfitOutput, api_error
 from workers.models.registry import token_counter
 
 OWNER = "batchfleet"
@@ -59,8 +69,15 @@ def _bad_request(_: Request, exc: Exception) -> JSONResponse:
     return ApiError(400, message, "invalid_request", where).response()
 
 
+def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error body."""
+    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+    detail = exc.detail if isinstance(exc, StarletteHTTPException) else str(exc)
+    return ApiError(status, str(detail), "not_found" if status == 404 else None).response()
+
+
 def _refusal(_: Request, exc: Exception) -> JSONResponse:
-    if isinstance(exc, BatchfleetError):
+    if isinstance(exc, BatchfleetError | UnfitOutput):
         return api_error(exc).response()
     if isinstance(exc, ApiError):
         return exc.response()
@@ -68,9 +85,20 @@ def _refusal(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    for refusal in (ApiError, BatchfleetError):
+    for refusal in (ApiError, BatchfleetError, UnfitOutput):
         app.add_exception_handler(refusal, _refusal)
     app.add_exception_handler(RequestValidationError, _bad_request)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+
+
+def _batch_api(settings: Settings) -> BatchApi | None:
+    """The Batch API's stores and runner, where the gateway has a files folder."""
+    folder = settings.gateway.files_dir
+    if folder is None:
+        return None
+    files = FileStore(folder, settings.gateway.max_file_bytes)
+    store = BatchStore(connect(settings), Keys(settings.key_prefix), settings.gateway.batch_lease_s)
+    return BatchApi(store, files, BatchRunner(settings, store, files))
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -83,20 +111,34 @@ def create_app(settings: Settings) -> FastAPI:
     metrics = GatewayMetrics()
     counters = TokenCounters(settings)
 
+    batch_api = _batch_api(settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncProducer(settings, cancel_on_exit=True) as producer:
             health = connect_async(settings)
             app.state.producer, app.state.health = producer, health
+            runner = None if batch_api is None else asyncio.create_task(batch_api.runner.serve())
             try:
                 yield
             finally:
+                if runner is not None:
+                    runner.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await runner
                 await health.aclose()
 
     app = FastAPI(title="batchfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(Guards, keys=keys, max_body_bytes=settings.gateway.max_body_bytes)
+    app.add_middleware(
+        Guards,
+        keys=keys,
+        max_body_bytes=settings.gateway.max_body_bytes,
+        max_file_bytes=settings.gateway.max_file_bytes,
+    )
     app.add_middleware(MeasureRequests, metrics=metrics)
     _install_error_handlers(app)
+    if batch_api is not None:
+        app.include_router(batch_routes(batch_api))
 
     def producer_of(request: Request) -> AsyncProducer:
         producer: AsyncProducer = request.app.state.producer

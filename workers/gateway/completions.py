@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.errors import BatchfleetError
 from producer.async_client import AsyncProducer
-from workers.gateway.openai_errors import ApiError, api_error
+from workers.gateway.openai_errors import ApiError, UnfitOutput, api_error
 from workers.gateway.waits import answer_wait_s
 
 # Fields of the call that are the gateway's business, not the model's input.
@@ -98,7 +98,7 @@ def _usage(output: Mapping[str, Any]) -> dict[str, Any]:
 
 def _text_of(output: Any) -> str:
     if not isinstance(output, dict) or not isinstance(output.get("text"), str):
-        raise ApiError(500, "the model's output has no text: it does not generate", "model_error")
+        raise UnfitOutput("the model's output has no text: it does not generate")
     text: str = output["text"]
     return text
 
@@ -107,19 +107,28 @@ async def complete(body: GenerationRequest, producer: AsyncProducer, kind: Kind)
     """One whole answer, through the model's micro-batches.
 
     Raises:
-        ApiError: a bad field, or an output without text.
+        ApiError: a bad field.
+        UnfitOutput: the output has no text.
         BatchfleetError: the fleet refused or failed the request.
     """
     wait_s = await answer_wait_s(producer, body.model)
     request_id = await producer.submit(body.model, body.fleet_input())
     output = await producer.result(request_id, timeout_s=wait_s)
-    text = _text_of(output)
+    return completion_body(kind, request_id, body.model, output)
+
+
+def completion_body(kind: Kind, request_id: str, model: str, output: Any) -> dict[str, Any]:
+    """OpenAI's answer to a generation call whose request ``request_id`` got ``output``.
+
+    Raises:
+        UnfitOutput: the output has no text.
+    """
     return {
         "id": f"{kind.prefix}{request_id}",
         "object": kind.whole,
         "created": int(time.time()),
-        "model": body.model,
-        "choices": [kind.whole_choice(text, output.get("finish_reason"))],
+        "model": model,
+        "choices": [kind.whole_choice(_text_of(output), output.get("finish_reason"))],
         "usage": _usage(output),
     }
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.async_client import AsyncProducer
-from workers.gateway.openai_errors import ApiError
+from workers.gateway.openai_errors import ApiError, UnfitOutput
 from workers.gateway.waits import answer_wait_s
 
 # OpenAI's own cap on the inputs of one call.
@@ -36,9 +36,7 @@ def _vector(output: Any) -> list[float]:
     if not isinstance(output, list) or not all(
         isinstance(value, int | float) and not isinstance(value, bool) for value in output
     ):
-        raise ApiError(
-            500, "the model's output is not an embedding (a list of numbers)", "model_error"
-        )
+        raise UnfitOutput("the model's output is not an embedding (a list of numbers)")
     return [float(value) for value in output]
 
 
@@ -55,7 +53,8 @@ async def create_embeddings(
     counts tokens with the model's ``count_tokens`` where the gateway has one, else 0.
 
     Raises:
-        ApiError: a bad field, or an output that is no vector.
+        ApiError: a bad field.
+        UnfitOutput: an output is no vector.
         BatchfleetError: the fleet refused or failed an input (the whole call fails).
     """
     inputs = [body.input] if isinstance(body.input, str) else body.input
@@ -67,16 +66,27 @@ async def create_embeddings(
     wait_s = await answer_wait_s(producer, body.model)
     outputs = await producer.infer(body.model, inputs, timeout_s=wait_s)
     tokens = sum(count_tokens(text) for text in inputs) if count_tokens else 0
+    return embeddings_body(body.model, outputs, body.encoding_format, tokens)
+
+
+def embeddings_body(
+    model: str, outputs: Sequence[Any], encoding_format: str, tokens: int
+) -> dict[str, Any]:
+    """OpenAI's answer to an embeddings call whose inputs got ``outputs``.
+
+    Raises:
+        UnfitOutput: an output is no vector.
+    """
     return {
         "object": "list",
         "data": [
             {
                 "object": "embedding",
                 "index": index,
-                "embedding": _encoded(_vector(output), body.encoding_format),
+                "embedding": _encoded(_vector(output), encoding_format),
             }
             for index, output in enumerate(outputs)
         ],
-        "model": body.model,
+        "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }

@@ -1,7 +1,8 @@
 """What the gateway checks before a route reads anything: the API key of every ``/v1/``
 call (401 without a valid one, the body unread) and the size of the body (413 past the cap,
 by ``Content-Length`` or as it streams in: the body is read here, up to the cap, and handed
-to the route whole)."""
+to the route whole; an upload to ``/v1/files`` is held to the file cap instead, and streams
+to the route: one sent in chunks past the cap ends there, refused 400)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from workers.gateway.api_keys import KeyRing
 from workers.gateway.openai_errors import ApiError
 
 API_PREFIX = "/v1/"
+UPLOADS = "/v1/files"
 
 
 def too_large(cap: int) -> ApiError:
@@ -34,6 +36,19 @@ async def _read_body(receive: Receive, cap: int) -> bytes | None:
             return b"".join(parts)
 
 
+def _capped(receive: Receive, cap: int) -> Receive:
+    """``receive`` that ends the body (a disconnect) once it passes ``cap`` bytes."""
+    size = 0
+
+    async def capped_receive() -> Message:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        return {"type": "http.disconnect"} if size > cap else message
+
+    return capped_receive
+
+
 async def _refuse(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
     await error.response()(scope, receive, send)
 
@@ -41,10 +56,13 @@ async def _refuse(error: ApiError, scope: Scope, receive: Receive, send: Send) -
 class Guards:
     """An ASGI middleware: the key check, then the body cap, then the app."""
 
-    def __init__(self, app: ASGIApp, keys: KeyRing, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: KeyRing, max_body_bytes: int, max_file_bytes: int
+    ) -> None:
         self.app = app
         self.keys = keys
         self.max_body_bytes = max_body_bytes
+        self.max_file_bytes = max_file_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,10 +73,14 @@ class Guards:
             message = "a valid API key is required (Authorization: Bearer KEY)"
             await _refuse(ApiError(401, message, "invalid_api_key"), scope, receive, send)
             return
-        cap = self.max_body_bytes
+        upload = scope["path"] == UPLOADS and scope["method"] == "POST"
+        cap = self.max_file_bytes if upload else self.max_body_bytes
         declared = headers.get(b"content-length", b"").decode("latin-1")
         if declared.isdigit() and int(declared) > cap:
             await _refuse(too_large(cap), scope, receive, send)
+            return
+        if upload:  # streamed to a file by the route, never held whole here
+            await self.app(scope, _capped(receive, cap), send)
             return
         body = await _read_body(receive, cap)
         if body is None:

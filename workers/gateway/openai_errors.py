@@ -60,7 +60,12 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-def api_error(exc: BatchfleetError) -> ApiError:
+class UnfitOutput(ValueError):
+    """Raised when a model's output does not fit the endpoint (no vector, no text): a 500,
+    or in a batch job a ``model_error`` line."""
+
+
+def api_error(exc: BatchfleetError | UnfitOutput) -> ApiError:
     """The HTTP answer to what the fleet raised (the table in this module's docstring)."""
     message = str(exc)
     retry = {"Retry-After": str(RETRY_AFTER_S)}
@@ -82,5 +87,7 @@ def api_error(exc: BatchfleetError) -> ApiError:
         return ApiError(400, message, exc.code, "input")
     if isinstance(exc, UnknownRequest):
         return ApiError(404, message, "not_found")
+    if isinstance(exc, UnfitOutput):
+        return ApiError(500, message, "model_error", type=SERVER_ERROR)
     code = exc.code if isinstance(exc, RequestFailed) else type(exc).__name__
     return ApiError(500, message, code, type=SERVER_ERROR)

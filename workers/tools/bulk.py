@@ -15,13 +15,14 @@ of requests sent by an earlier run are written but not timed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -32,7 +33,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from config.errors import QueueFull, RequestIdConflict, RequestRejected
+from config.errors import (
+    QueueFull,
+    RequestIdConflict,
+    RequestRejected,
+    ResultTimeout,
+    UnknownRequest,
+)
 from config.schema import Result
 from producer.client import Producer
 from workers.tools.bulk_files import (
@@ -43,6 +50,7 @@ from workers.tools.bulk_files import (
     count_lines,
     custom_id_key,
     default_job_id,
+    drop_partial_line,
     parse_line,
     read_earlier_runs,
     request_id_for,
@@ -54,6 +62,8 @@ WINDOW = 2048
 SAMPLES_KEPT = 10_000
 DEADLINE_S = 24 * 3600.0
 QUEUE_FULL_BACKOFF_S = (0.05, 2.0)
+# A wave's answers are waited for in slices this long, to see between them whether to stop.
+COLLECT_SLICE_S = 5.0
 
 
 @dataclass
@@ -132,15 +142,44 @@ class BulkReport:
         return summary
 
 
+class LineFormat(Protocol):
+    """How a job writes its answer and error lines. The lines' ``custom_id`` and ``error``
+    (an object with ``code``, on error lines only) and error lines' ``line`` must stay where
+    they are: a rerun reads them to resume."""
+
+    def answer(self, line: Line, result: Result) -> dict[str, Any]:
+        """The answer line of ``line``; ValueError when ``result`` has no fit output (the
+        line then gets a ``model_error`` line)."""
+        ...
+
+    def error(self, custom_id: str | None, number: int, code: str, message: str) -> dict[str, Any]:
+        """The error line of line ``number``."""
+        ...
+
+
+class PlainLines:
+    """``{"custom_id", "output"}`` and ``{"custom_id", "line", "error": {"code", "message"}}``."""
+
+    def answer(self, line: Line, result: Result) -> dict[str, Any]:
+        return {"custom_id": line.custom_id, "output": result.output}
+
+    def error(self, custom_id: str | None, number: int, code: str, message: str) -> dict[str, Any]:
+        return {"custom_id": custom_id, "line": number, "error": {"code": code, "message": message}}
+
+
 @dataclass(frozen=True)
 class JobOptions:
     """How a bulk job runs: its id (request ids are derived from it), lines in flight per
-    wave, how long each request may wait, and how to count an input's tokens (for cost)."""
+    wave, how long each request may wait, how to count an input's tokens (for cost), how
+    its lines are written, and whether to go on."""
 
     job_id: str
     window: int = WINDOW
     deadline_s: float = DEADLINE_S
     count_tokens: Callable[[Any], int] | None = None
+    line_format: LineFormat = field(default_factory=lambda: PlainLines())
+    # Asked before each wave: False stops the job once the waves sent are answered.
+    keep_going: Callable[[], bool] = lambda: True
 
 
 class BulkJob:
@@ -167,7 +206,8 @@ class BulkJob:
         """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
         previous: dict[str, tuple[Line, float]] = {}
         while True:
-            wave = self._submit(self._next_wave(lines, on_answer), on_answer)
+            going = self._options.keep_going()
+            wave = self._submit(self._next_wave(lines, on_answer), on_answer) if going else {}
             if previous:
                 self._collect(previous, on_answer)
             if not wave:
@@ -213,8 +253,11 @@ class BulkJob:
                 )
             except QueueFull as full:
                 accepted = full.accepted_ids
-                time.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, QUEUE_FULL_BACKOFF_S[1])
+                if not self._options.keep_going():
+                    pending = {rid: pending[rid] for rid in accepted}  # the rest is never sent
+                else:
+                    time.sleep(backoff_s)
+                    backoff_s = min(backoff_s * 2, QUEUE_FULL_BACKOFF_S[1])
             except RequestIdConflict as conflict:
                 accepted = conflict.accepted_ids
                 for request_id in conflict.conflicting_ids:
@@ -227,20 +270,36 @@ class BulkJob:
         return sent
 
     def _collect(self, wave: dict[str, tuple[Line, float]], on_answer: Any) -> None:
-        for result in self._producer.results(list(wave)):
-            line, sent_at = wave[result.request_id]
-            sent_by_this_run = (result.submitted_at or 0.0) >= self._started_at
-            sample = Sample(sent_at, time.monotonic(), result)
-            self._report.answered_request(sample, sent_by_this_run)
-            self._write_answer(line, result)
-            on_answer()
+        """Writes each answer of ``wave`` as it comes, however long the wave takes (each
+        request ends by its deadline); once the job is told to stop, what it still waits
+        for is cancelled, and written as cancelled."""
+        pending = list(wave)
+        while pending:
+            try:
+                for result in self._producer.results(pending, timeout_s=COLLECT_SLICE_S):
+                    line, sent_at = wave[result.request_id]
+                    sent_by_this_run = (result.submitted_at or 0.0) >= self._started_at
+                    sample = Sample(sent_at, time.monotonic(), result)
+                    self._report.answered_request(sample, sent_by_this_run)
+                    self._write_answer(line, result)
+                    on_answer()
+                return
+            except ResultTimeout as waited:
+                pending = waited.pending_ids
+            if not self._options.keep_going():
+                for request_id in pending:
+                    with contextlib.suppress(UnknownRequest):
+                        self._producer.cancel(request_id)
 
     def _write_answer(self, line: Line, result: Result) -> None:
         if result.error is None:
+            try:
+                record = self._options.line_format.answer(line, result)
+            except ValueError as exc:
+                self._write_error(line.custom_id, line.number, "model_error", str(exc))
+                return
             # One write a line: Ctrl-C lands between lines, never inside one.
-            self._output.write(
-                json.dumps({"custom_id": line.custom_id, "output": result.output}) + "\n"
-            )
+            self._output.write(json.dumps(record) + "\n")
             self._output.flush()
             self._report.written += 1
             if self._options.count_tokens is not None:
@@ -249,11 +308,7 @@ class BulkJob:
             self._write_error(line.custom_id, line.number, result.error.code, result.error.message)
 
     def _write_error(self, custom_id: str | None, number: int, code: str, message: str) -> None:
-        record = {
-            "custom_id": custom_id,
-            "line": number,
-            "error": {"code": code, "message": message},
-        }
+        record = self._options.line_format.error(custom_id, number, code, message)
         self._errors.write(json.dumps(record) + "\n")
         self._errors.flush()
         self._report.error(code)
@@ -268,18 +323,15 @@ def submit_file(
     console: Console | None = None,
     options: JobOptions | None = None,
 ) -> BulkReport:
-    """Runs every request of the JSONL file ``path`` through the fleet: answers appended to
-    ``output``, errors to ``errors`` (default: ``output`` with ``.errors.jsonl``); a rerun
-    of the same job (``options.job_id``, by default the job of this file into this output)
-    resumes. Ctrl-C stops it cleanly (``interrupted`` in the report). Each request may wait
-    ``options.deadline_s`` (24 h, as a batch API's window) in the queue, whatever the model's
-    interactive timeout. With ``options.count_tokens`` (the model's ``cost``), the report
-    counts the tokens of the inputs answered."""
+    """Runs every request of the JSONL file ``path`` through the fleet (``run_file``) with a
+    progress bar: answers appended to ``output``, errors to ``errors`` (default: ``output``
+    with ``.errors.jsonl``); a rerun of the same job (``options.job_id``, by default the job
+    of this file into this output) resumes. Ctrl-C stops it cleanly (``interrupted`` in the
+    report). Each request may wait ``options.deadline_s`` (24 h, as a batch API's window) in
+    the queue, whatever the model's interactive timeout. With ``options.count_tokens`` (the
+    model's ``cost``), the report counts the tokens of the inputs answered."""
     errors = errors or output.with_suffix(".errors.jsonl")
     options = options or JobOptions(job_id=default_job_id(path, output))
-    claim_output(output, options.job_id)
-    earlier = read_earlier_runs(output, errors)
-    report = BulkReport(total_lines=count_lines(path))
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -290,18 +342,47 @@ def submit_file(
         transient=False,
     )
     started = time.monotonic()
-    with (
-        output.open("a", encoding="utf-8") as out,
-        errors.open("a", encoding="utf-8") as err,
-        progress,
-    ):
-        task = progress.add_task(model, total=report.total_lines, rate="-")
+    with progress:
+        task = progress.add_task(model, total=None, rate="-")
 
-        def on_answer() -> None:
+        def on_progress(report: BulkReport) -> None:
             elapsed_s = time.monotonic() - started
             sent_off = report.written + sum(report.errors.values())
             rate = f"{sent_off / elapsed_s:.0f}" if elapsed_s > 0 else "-"
-            progress.update(task, completed=sent_off + report.skipped + report.blank, rate=rate)
+            done = sent_off + report.skipped + report.blank
+            progress.update(task, total=report.total_lines, completed=done, rate=rate)
+
+        return run_file(producer, model, path, output, errors, options, on_progress)
+
+
+def run_file(
+    producer: Producer,
+    model: str,
+    path: Path,
+    output: Path,
+    errors: Path,
+    options: JobOptions,
+    on_progress: Callable[[BulkReport], None],
+) -> BulkReport:
+    """Runs job ``options.job_id``: every line of ``path`` not ended by an earlier run of the
+    job, answers appended to ``output`` and errors to ``errors``; ``on_progress`` is called
+    with the report after each line ends. Ctrl-C stops it cleanly (``interrupted``).
+
+    Raises:
+        ConfigError: ``output`` holds another job's answers.
+    """
+    claim_output(output, options.job_id)
+    for written in (output, errors):
+        drop_partial_line(written)
+    earlier = read_earlier_runs(output, errors)
+    report = BulkReport(total_lines=count_lines(path))
+    with (
+        output.open("a", encoding="utf-8") as out,
+        errors.open("a", encoding="utf-8") as err,
+    ):
+
+        def on_answer() -> None:
+            on_progress(report)
 
         lines = lines_to_run(path, earlier, report, on_answer)
         try:

@@ -21,6 +21,7 @@ from config.errors import ConfigError
 # The codes of error lines that end their custom_id: a rerun does not ask it again. A
 # ``duplicate_custom_id`` error belongs to its line, not to the custom_id's first line.
 LINE_ONLY_ERRORS = ("invalid_line", "duplicate_custom_id")
+TAIL_CHUNK_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,29 @@ def claim_output(output: Path, job_id: str) -> None:
             )
         return
     marker.write_text(job_id + "\n", encoding="utf-8")
+
+
+def drop_partial_line(path: Path) -> None:
+    """Cuts ``path`` back to its last complete line: a process killed mid-write leaves a piece
+    of a line, which the next line appended would otherwise join (the request of a dropped
+    piece is asked again)."""
+    if not path.exists():
+        return
+    with path.open("r+b") as file:
+        end = file.seek(0, 2)
+        keep = end
+        while keep > 0:
+            start = max(0, keep - TAIL_CHUNK_BYTES)
+            file.seek(start)
+            chunk = file.read(keep - start)
+            if keep == end and chunk.endswith(b"\n"):
+                return
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        file.truncate(keep)
 
 
 def count_lines(path: Path) -> int:

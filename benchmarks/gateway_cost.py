@@ -1,0 +1,166 @@
+"""What the HTTP gateway adds over ``AsyncProducer``: the same one-text embedding calls on the
+synthetic model (its default 20 ms + 0.5 ms per item, answering 16-float vectors), sent
+straight through an ``AsyncProducer`` and through ``batchfleet gateway``, at saturation (a
+closed loop, ``--inflight`` calls in flight) and at a fixed rate (an open loop, ``--rate``
+calls a second); then saturation through two gateway processes, calls split between them.
+
+Run: .venv/bin/python benchmarks/gateway_cost.py [--requests 4000] [--inflight 256]
+     [--rate 200] [--duration 20] [--rounds 2]
+Each round runs every path in turn on one private fleet (a batcher, a worker). Prints per
+run: calls answered, calls a second, p50 and p99 in ms; then, per round, what the gateway
+adds at p50 at the fixed rate and how two gateways compare with one at saturation. The load
+generator runs in this process, on the same machine as the fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from producer.async_client import AsyncProducer
+from workers.local.local_fleet import LocalFleet
+from workers.local.local_gateway import start_gateway
+from workers.local.private_fleet import PrivateFleet, private_fleet
+from workers.tools.load_stats import percentile
+
+MODEL = "embed"
+MODELS = {MODEL: {"options": {"dims": 16}}}
+API_KEY = f"sk-bench-{uuid.uuid4().hex}"
+Call = Callable[[str], Awaitable[object]]
+
+
+@dataclass
+class Run:
+    """One load run: each answered call's latency and the run's wall time."""
+
+    latencies_s: list[float]
+    wall_s: float
+
+    def line(self, name: str) -> str:
+        ms = sorted(1000 * s for s in self.latencies_s)
+        rate = len(ms) / self.wall_s if self.wall_s else 0.0
+        p50, p99 = percentile(ms, 50), percentile(ms, 99)
+        return f"{name:<28} {len(ms):>6} {rate:>9.1f} {p50:>8.1f} {p99:>8.1f}"
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(sorted(1000 * s for s in self.latencies_s), 50)
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies_s) / self.wall_s
+
+
+async def timed(call: Call, text: str, latencies: list[float]) -> None:
+    started = time.perf_counter()
+    await call(text)
+    latencies.append(time.perf_counter() - started)
+
+
+async def saturate(call: Call, requests: int, inflight: int) -> Run:
+    """``requests`` calls, ``inflight`` at a time (a new one as soon as one is answered)."""
+    latencies: list[float] = []
+    texts = iter(f"text {n} {uuid.uuid4().hex}" for n in range(requests))
+
+    async def lane() -> None:
+        for text in texts:
+            await timed(call, text, latencies)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(inflight)))
+    return Run(latencies, time.perf_counter() - started)
+
+
+async def at_rate(call: Call, rate: float, duration_s: float) -> Run:
+    """A call every ``1 / rate`` seconds for ``duration_s``, each timed from its start."""
+    latencies: list[float] = []
+    tasks = []
+    started = time.perf_counter()
+    for n in range(int(rate * duration_s)):
+        await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
+        tasks.append(asyncio.create_task(timed(call, f"text {n} {uuid.uuid4().hex}", latencies)))
+    await asyncio.gather(*tasks)
+    return Run(latencies, time.perf_counter() - started)
+
+
+def through_gateways(urls: list[str], client: httpx.AsyncClient) -> Call:
+    """Calls ``/v1/embeddings``, round robin over ``urls``."""
+    turns = itertools.cycle(urls)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    async def call(text: str) -> object:
+        body = {"model": MODEL, "input": text, "encoding_format": "float"}
+        response = await client.post(f"{next(turns)}/v1/embeddings", json=body, headers=headers)
+        response.raise_for_status()
+        return response.json()
+
+    return call
+
+
+async def measure(fleet: PrivateFleet, urls: list[str], args: argparse.Namespace) -> list[Run]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.inflight)
+    async with (
+        AsyncProducer(fleet.settings) as producer,
+        httpx.AsyncClient(limits=limits, timeout=120) as client,
+    ):
+
+        async def direct(text: str) -> object:
+            return await producer.infer(MODEL, [text])
+
+        one, two = through_gateways(urls[:1], client), through_gateways(urls, client)
+        return [
+            await saturate(direct, args.requests, args.inflight),
+            await saturate(one, args.requests, args.inflight),
+            await saturate(two, args.requests, args.inflight),
+            await at_rate(direct, args.rate, args.duration),
+            await at_rate(one, args.rate, args.duration),
+        ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--inflight", type=int, default=256)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    names = [
+        f"saturate, AsyncProducer ({args.inflight})",
+        f"saturate, 1 gateway ({args.inflight})",
+        f"saturate, 2 gateways ({args.inflight})",
+        f"{args.rate:g}/s, AsyncProducer",
+        f"{args.rate:g}/s, 1 gateway",
+    ]
+    with private_fleet(MODELS) as fleet:
+        env = {
+            "BATCHFLEET_REDIS_URL": fleet.redis_url,
+            "BATCHFLEET_KEY_PREFIX": fleet.settings.key_prefix,
+            "BATCHFLEET_MODELS": json.dumps(MODELS),
+            "BATCHFLEET_GATEWAY__API_KEYS": API_KEY,
+        }
+        with LocalFleet(env) as gateways:
+            urls = [start_gateway(gateways), start_gateway(gateways)]
+            print(f"{'run':<28} {'calls':>6} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+            for round_number in range(1, args.rounds + 1):
+                runs = asyncio.run(measure(fleet, urls, args))
+                for name, run in zip(names, runs, strict=True):
+                    print(run.line(f"{round_number}: {name}"))
+                added = runs[4].p50_ms - runs[3].p50_ms
+                scale = runs[2].rate / runs[1].rate
+                print(
+                    f"{round_number}: the gateway adds {added:+.1f} ms at p50 at "
+                    f"{args.rate:g}/s; two gateways give {scale:.2f}x one at saturation"
+                )
+
+
+if __name__ == "__main__":
+    main()
