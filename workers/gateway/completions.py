@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.errors import BatchfleetError
@@ -136,7 +136,7 @@ def completion_body(kind: Kind, request_id: str, model: str, output: Any) -> dic
 async def generate(body: GenerationRequest, producer: AsyncProducer, kind: Kind) -> Any:
     """A whole answer, or with ``stream`` the response that streams it."""
     if not body.stream:
-        return await complete(body, producer, kind)
+        return JSONResponse(await complete(body, producer, kind))
     events = await open_stream(body, producer, kind)
     return StreamingResponse(events, media_type="text/event-stream")
 
