@@ -1,8 +1,10 @@
 """What the HTTP gateway adds over ``AsyncProducer``: the same one-text embedding calls on the
 synthetic model (its default 20 ms + 0.5 ms per item, answering 16-float vectors), sent
 straight through an ``AsyncProducer`` and through ``batchfleet gateway``, at saturation (a
-closed loop, ``--inflight`` calls in flight) and at a fixed rate (an open loop, ``--rate``
-calls a second); then saturation through two gateway processes, calls split between them.
+closed loop, ``--inflight`` calls in flight); then saturation through two gateway
+processes, calls split between them; then at a fixed rate (an open loop): ``--rate`` calls
+a second each way, interleaved in one window (the fleet takes twice that), so that both
+ways see the same fleet and the difference is the gateway's.
 
 Run: .venv/bin/python benchmarks/gateway_cost.py [--requests 4000] [--inflight 256]
      [--rate 200] [--duration 20] [--rounds 2]
@@ -22,7 +24,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -81,16 +83,22 @@ async def saturate(call: Call, requests: int, inflight: int) -> Run:
     return Run(latencies, time.perf_counter() - started)
 
 
-async def at_rate(call: Call, rate: float, duration_s: float) -> Run:
-    """A call every ``1 / rate`` seconds for ``duration_s``, each timed from its start."""
-    latencies: list[float] = []
+async def at_rate(calls: Sequence[Call], rate: float, duration_s: float) -> list[Run]:
+    """A call every ``1 / (rate * len(calls))`` seconds for ``duration_s``, taking
+    ``calls`` in turn (each at ``rate``, in the same window and on the same fleet), each
+    timed from its start; a run per call."""
+    latencies: list[list[float]] = [[] for _ in calls]
     tasks = []
+    every_s = 1 / (rate * len(calls))
     started = time.perf_counter()
-    for n in range(int(rate * duration_s)):
-        await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
-        tasks.append(asyncio.create_task(timed(call, f"text {n} {uuid.uuid4().hex}", latencies)))
+    for n in range(int(duration_s / every_s)):
+        await asyncio.sleep(max(0.0, started + n * every_s - time.perf_counter()))
+        which = n % len(calls)
+        text = f"text {n} {uuid.uuid4().hex}"
+        tasks.append(asyncio.create_task(timed(calls[which], text, latencies[which])))
     await asyncio.gather(*tasks)
-    return Run(latencies, time.perf_counter() - started)
+    wall_s = time.perf_counter() - started
+    return [Run(times, wall_s) for times in latencies]
 
 
 def through_gateways(urls: list[str], client: aiohttp.ClientSession) -> Call:
@@ -122,8 +130,7 @@ async def measure(fleet: PrivateFleet, urls: list[str], args: argparse.Namespace
             await saturate(direct, args.requests, args.inflight),
             await saturate(one, args.requests, args.inflight),
             await saturate(two, args.requests, args.inflight),
-            await at_rate(direct, args.rate, args.duration),
-            await at_rate(one, args.rate, args.duration),
+            *await at_rate([direct, one], args.rate, args.duration),
         ]
 
 
@@ -139,8 +146,8 @@ def main() -> None:
         f"saturate, AsyncProducer ({args.inflight})",
         f"saturate, 1 gateway ({args.inflight})",
         f"saturate, 2 gateways ({args.inflight})",
-        f"{args.rate:g}/s, AsyncProducer",
-        f"{args.rate:g}/s, 1 gateway",
+        f"{args.rate:g}/s each, AsyncProducer",
+        f"{args.rate:g}/s each, 1 gateway",
     ]
     with private_fleet(MODELS) as fleet:
         env = {
