@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,7 +42,6 @@ from workers.gateway.openai_errors import ApiError, UnfitOutput, api_error
 from workers.models.registry import token_counter
 
 OWNER = "batchfleet"
-EMBEDDING_REQUEST = TypeAdapter(EmbeddingRequest)
 
 
 class TokenCounters:
@@ -152,7 +151,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
         try:
-            body = EMBEDDING_REQUEST.validate_json(await request.body())
+            body = EmbeddingRequest.model_validate_json(await request.body())
         except ValidationError as exc:
             errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
             raise RequestValidationError(errors) from exc
