@@ -160,7 +160,7 @@ def run_job(
         store.stamp(batch_id, "in_progress")
 
     def cancelled() -> bool:
-        return (store.get(batch_id) or {}).get("status") == "cancelling"
+        return store.status(batch_id) == "cancelling"
 
     last_progress = 0.0
 

@@ -66,6 +66,11 @@ class BatchStore:
             return None
         return {_text(key): _text(value) for key, value in raw.items()}
 
+    def status(self, batch_id: str) -> str | None:
+        """A job's status; None for no such job."""
+        raw = self._client.hget(self._keys.gateway_batch(batch_id), "status")
+        return None if raw is None else _text(raw)
+
     def update(self, batch_id: str, **fields: Any) -> None:
         self._client.hset(self._keys.gateway_batch(batch_id), mapping=_encoded(fields))
 

@@ -177,7 +177,7 @@ class JobOptions:
     window: int = WINDOW
     deadline_s: float = DEADLINE_S
     count_tokens: Callable[[Any], int] | None = None
-    line_format: LineFormat = field(default_factory=lambda: PlainLines())
+    line_format: LineFormat = field(default_factory=PlainLines)
     # Asked before each wave: False stops the job once the waves sent are answered.
     keep_going: Callable[[], bool] = lambda: True
 
