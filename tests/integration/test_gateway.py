@@ -451,6 +451,26 @@ def test_an_upload_over_the_file_cap_is_refused(gateway: Gateway) -> None:
     assert refused.value.status_code == 413
 
 
+def test_uploads_are_listed_newest_first_page_by_page(gateway: Gateway) -> None:
+    """The official client's listing, one file a page (it follows ``after``): each upload
+    once, the newest first; a purpose no file has lists nothing; a cursor that names no file
+    is refused; deleted files leave."""
+    client = gateway.client
+    uploaded = [
+        client.files.create(file=(f"in-{n}.jsonl", b"{}"), purpose="batch").id for n in range(3)
+    ]
+    listed = [file.id for file in client.files.list(purpose="batch", limit=1)]
+    assert [file_id for file_id in listed if file_id in uploaded] == uploaded[::-1]
+    oldest_first = [file.id for file in client.files.list(order="asc")]
+    assert [file_id for file_id in oldest_first if file_id in uploaded] == uploaded
+    assert not client.files.list(purpose="fine-tune").data
+    with pytest.raises(openai.BadRequestError):
+        client.files.list(after="file-" + "0" * 32)  # a cursor that names no file
+    for file_id in uploaded:
+        client.files.delete(file_id)
+    assert not set(uploaded) & {file.id for file in client.files.list()}
+
+
 def test_unknown_files_and_batches_are_404(gateway: Gateway) -> None:
     client = gateway.client
     with pytest.raises(openai.NotFoundError):

@@ -1,7 +1,8 @@
-"""The Batch API's routes: ``POST /v1/files`` (an upload, purpose ``batch``),
-``GET /v1/files/{id}`` and ``…/content``, ``DELETE /v1/files/{id}``, ``POST /v1/batches``,
-``GET /v1/batches`` and ``/v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``. Jobs run on
-whichever gateway takes them (``batch_runner``)."""
+"""The Batch API's routes: ``POST /v1/files`` (an upload, purpose ``batch``), ``GET /v1/files``
+(the listing), ``GET /v1/files/{id}`` and ``…/content``, ``DELETE /v1/files/{id}``,
+``POST /v1/batches``, ``GET /v1/batches`` and ``/v1/batches/{id}``,
+``POST /v1/batches/{id}/cancel``. Jobs run on whichever gateway takes them
+(``batch_runner``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Literal
 
 from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import FileResponse
@@ -25,6 +27,7 @@ from workers.gateway.openai_errors import ApiError
 COMPLETION_WINDOW = "24h"
 WINDOW_S = 24 * 3600
 LIST_LIMIT = 100
+FILES_LIST_LIMIT = 10_000
 
 
 class BatchRequest(BaseModel):
@@ -52,6 +55,17 @@ def _job_of(store: BatchStore, batch_id: str) -> dict[str, str]:
     return job
 
 
+def listing(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    """OpenAI's page of a list: ``data``, its first and last ids, whether more follow."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
+
+
 def batch_routes(api: BatchApi) -> APIRouter:
     """The routes, on ``api``'s stores and runner."""
     router = APIRouter(prefix="/v1")
@@ -61,6 +75,17 @@ def batch_routes(api: BatchApi) -> APIRouter:
         if purpose != "batch":
             raise ApiError(400, "purpose must be 'batch'", "invalid_purpose", "purpose")
         return await asyncio.to_thread(api.files.save, file.file, file.filename or "", purpose)
+
+    @router.get("/files")
+    async def list_files(
+        purpose: str | None = None,
+        limit: int = FILES_LIST_LIMIT,
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        listed = partial(api.files.listed, purpose, order, after)
+        data, more = await asyncio.to_thread(listed, max(1, min(limit, FILES_LIST_LIMIT)))
+        return listing(data, more)
 
     @router.get("/files/{file_id}")
     async def file_object(file_id: str) -> dict[str, Any]:
@@ -118,13 +143,6 @@ def batch_routes(api: BatchApi) -> APIRouter:
     @router.get("/batches")
     async def list_batches(limit: int = 20) -> dict[str, Any]:
         jobs = await asyncio.to_thread(api.store.recent, max(1, min(limit, LIST_LIMIT)))
-        data = [batch_object(job) for job in jobs]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": False,
-        }
+        return listing([batch_object(job) for job in jobs], more=False)
 
     return router

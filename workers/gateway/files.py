@@ -1,10 +1,12 @@
 """The Batch API's files, in the folder the gateway is given (``gateway.files_dir``, shared
 by every gateway of a fleet): ``FILE_ID.jsonl`` holds a file's bytes and ``FILE_ID.json`` its
-OpenAI file object. Uploads are held to ``gateway.max_file_bytes``; a job's output and error
+OpenAI file object (its modification time: when it was made, to the nanosecond, which orders
+the listing). Uploads are held to ``gateway.max_file_bytes``; a job's output and error
 files grow in the same folder while it runs and become files when it ends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -73,6 +75,8 @@ class FileStore:
         }
         staged = self.folder / f".{file_id}.json"
         staged.write_text(json.dumps(meta), encoding="utf-8")
+        made_ns = time.time_ns()  # the listing's order: finer than the file system's own stamp
+        os.utime(staged, ns=(made_ns, made_ns))
         os.replace(staged, self.folder / f"{file_id}.json")
         return meta
 
@@ -88,6 +92,31 @@ class FileStore:
         except FileNotFoundError:
             raise ApiError(404, f"no file {file_id!r}", "not_found", "file_id") from None
         return meta
+
+    def listed(
+        self, purpose: str | None, order: str, after: str | None, limit: int
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Up to ``limit`` file objects (of ``purpose``, when given), in the order they were
+        made (``order``: ``asc`` or ``desc``), from the one after ``after``; and whether more
+        follow.
+
+        Raises:
+            ApiError: 400, ``after`` is no file of the listing.
+        """
+        made = []
+        for meta_path in self.folder.glob("file-*.json"):
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                made.append((meta_path.stat().st_mtime_ns, meta["id"], meta))
+        made.sort(key=lambda item: item[:2], reverse=order == "desc")
+        metas = [meta for _, _, meta in made if purpose is None or meta["purpose"] == purpose]
+        start = 0
+        if after is not None:
+            ids = [meta["id"] for meta in metas]
+            if after not in ids:
+                raise ApiError(400, f"after names no listed file: {after!r}", "invalid_cursor")
+            start = ids.index(after) + 1
+        return metas[start : start + limit], start + limit < len(metas)
 
     def delete(self, file_id: str) -> None:
         """Removes file ``file_id``.
