@@ -291,7 +291,8 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request(gateway: Gateway) -
 
 
 def test_redis_away_is_503_and_health_says_so(redis_server: LocalRedis) -> None:
-    """A gateway whose Redis cannot be reached answers 503 (Retry-After), and /healthz 503."""
+    """A gateway whose Redis cannot be reached answers 503 (Retry-After), and /healthz 503;
+    it is still live (/livez 200: restarting it would not bring Redis back)."""
     env = {
         "BATCHFLEET_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
         "BATCHFLEET_SUBMIT_RETRY_S": "0",
@@ -300,6 +301,7 @@ def test_redis_away_is_503_and_health_says_so(redis_server: LocalRedis) -> None:
     with LocalFleet(env) as fleet:
         url = start_gateway(fleet)
         assert httpx.get(f"{url}/healthz", timeout=30).status_code == 503
+        assert httpx.get(f"{url}/livez", timeout=30).status_code == 200
         response = httpx.post(
             f"{url}/v1/embeddings",
             json={"model": "synthetic", "input": "x"},

@@ -4,7 +4,8 @@ as you like behind a load balancer.
 
 Routes: ``POST /v1/embeddings``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``, the Batch API (``batches``, where the gateway has a files folder),
-``GET /healthz`` (200 while Redis answers, else 503) and ``GET /metrics``.
+``GET /livez`` (200 while its event loop answers: a liveness probe), ``GET /healthz`` (200
+while Redis answers, else 503) and ``GET /metrics``.
 """
 
 from __future__ import annotations
@@ -175,6 +176,10 @@ def create_app(settings: Settings) -> FastAPI:
                 {"id": name, "object": "model", "created": 0, "owned_by": OWNER} for name in names
             ],
         }
+
+    @app.get("/livez")
+    async def livez() -> JSONResponse:
+        return JSONResponse({"status": "ok"})  # its loop answered; Redis is /healthz's
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
