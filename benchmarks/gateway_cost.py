@@ -9,7 +9,8 @@ ways see the same fleet and the difference is the gateway's.
 Run: .venv/bin/python benchmarks/gateway_cost.py [--requests 4000] [--inflight 256]
      [--rate 200] [--duration 20] [--rounds 2]
 Each round runs every path in turn on one private fleet (a batcher, a worker). Prints per
-run: calls answered, calls a second, p50 and p99 in ms; then, per round, what the gateway
+run: calls answered, calls a second, p50 and p99 in ms, and for the runs through one gateway
+the CPU its process used a call (user + system, from /proc); then, per round, what the gateway
 adds at p50 at the fixed rate and how two gateways compare with one at saturation. The load
 generator runs in this process, on the same machine as the fleet; it uses aiohttp, whose
 client costs about a third of a millisecond of CPU a call here (httpx's async client cost
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from pipeline_cpu import process_cpu_s  # this folder, as a script runs
 
 from producer.async_client import AsyncProducer
 from workers.local.local_fleet import LocalFleet
@@ -43,16 +45,19 @@ Call = Callable[[str], Awaitable[object]]
 
 @dataclass
 class Run:
-    """One load run: each answered call's latency and the run's wall time."""
+    """One load run: each answered call's latency, the run's wall time, and the CPU seconds
+    the first gateway used meanwhile (0 for a run that does not go through it)."""
 
     latencies_s: list[float]
     wall_s: float
+    gateway_cpu_s: float = 0.0
 
     def line(self, name: str) -> str:
         ms = sorted(1000 * s for s in self.latencies_s)
         rate = len(ms) / self.wall_s if self.wall_s else 0.0
         p50, p99 = percentile(ms, 50), percentile(ms, 99)
-        return f"{name:<28} {len(ms):>6} {rate:>9.1f} {p50:>8.1f} {p99:>8.1f}"
+        cpu = f"{1000 * self.gateway_cpu_s / len(ms):.2f}" if self.gateway_cpu_s else "-"
+        return f"{name:<28} {len(ms):>6} {rate:>9.1f} {p50:>8.1f} {p99:>8.1f} {cpu:>10}"
 
     @property
     def p50_ms(self) -> float:
@@ -115,7 +120,17 @@ def through_gateways(urls: list[str], client: aiohttp.ClientSession) -> Call:
     return call
 
 
-async def measure(fleet: PrivateFleet, urls: list[str], args: argparse.Namespace) -> list[Run]:
+async def using_cpu(pid: int, run: Awaitable[list[Run]], through: int) -> list[Run]:
+    """``run``'s runs, its ``through``-th charged with the CPU process ``pid`` used."""
+    started = process_cpu_s(pid)
+    runs = await run
+    runs[through].gateway_cpu_s = process_cpu_s(pid) - started
+    return runs
+
+
+async def measure(
+    fleet: PrivateFleet, urls: list[str], gateway_pid: int, args: argparse.Namespace
+) -> list[Run]:
     connections = aiohttp.TCPConnector(limit=args.inflight)
     async with (
         AsyncProducer(fleet.settings) as producer,
@@ -126,11 +141,15 @@ async def measure(fleet: PrivateFleet, urls: list[str], args: argparse.Namespace
             return await producer.infer(MODEL, [text])
 
         one, two = through_gateways(urls[:1], client), through_gateways(urls, client)
+
+        async def saturating(call: Call) -> list[Run]:
+            return [await saturate(call, args.requests, args.inflight)]
+
         return [
-            await saturate(direct, args.requests, args.inflight),
-            await saturate(one, args.requests, args.inflight),
-            await saturate(two, args.requests, args.inflight),
-            *await at_rate([direct, one], args.rate, args.duration),
+            *await saturating(direct),
+            *await using_cpu(gateway_pid, saturating(one), through=0),
+            *await saturating(two),
+            *await using_cpu(gateway_pid, at_rate([direct, one], args.rate, args.duration), 1),
         ]
 
 
@@ -158,9 +177,11 @@ def main() -> None:
         }
         with LocalFleet(env) as gateways:
             urls = [start_gateway(gateways), start_gateway(gateways)]
-            print(f"{'run':<28} {'calls':>6} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+            gateway_pid = gateways.processes[0].pid
+            heading = f"{'calls':>6} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'gw CPU ms':>10}"
+            print(f"{'run':<28} {heading}")
             for round_number in range(1, args.rounds + 1):
-                runs = asyncio.run(measure(fleet, urls, args))
+                runs = asyncio.run(measure(fleet, urls, gateway_pid, args))
                 for name, run in zip(names, runs, strict=True):
                     print(run.line(f"{round_number}: {name}"))
                 added = runs[4].p50_ms - runs[3].p50_ms

@@ -10,13 +10,14 @@ one core), and py-spy's top functions by own samples; the raw stacks stay in ``-
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from pipeline_cpu import process_cpu_s  # this folder, as a script runs
 
 RATE_HZ = 100
 ROLES = {
@@ -50,12 +51,6 @@ def spy_command(pid: int, output: Path, seconds: int) -> list[str]:
     ]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def top_functions(raw: Path, count: int = 6) -> list[str]:
     """The functions with the most own samples in a py-spy raw (collapsed stacks) file."""
     own: Counter[str] = Counter()
@@ -83,7 +78,7 @@ def main() -> None:
         wait_for_line(log, "run ")
         time.sleep(2)  # past the first arrivals: sample the steady state
         pids = {role: pid_of(pattern) for role, pattern in ROLES.items()}
-        cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        cpu_before = {role: process_cpu_s(pid) for role, pid in pids.items()}
         started = time.monotonic()
         spies = {
             role: subprocess.Popen(
@@ -97,7 +92,7 @@ def main() -> None:
         for spy in spies.values():
             spy.wait()
         elapsed = time.monotonic() - started
-        cpu = {role: cpu_seconds(pid) - cpu_before[role] for role, pid in pids.items()}
+        cpu = {role: process_cpu_s(pid) - cpu_before[role] for role, pid in pids.items()}
         bench.wait()
     print("\n".join(line for line in log.read_text().splitlines() if " INFO " not in line))
     for role, used in cpu.items():
