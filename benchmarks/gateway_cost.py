@@ -7,7 +7,10 @@ a second each way, interleaved in one window (the fleet takes twice that), so th
 ways see the same fleet and the difference is the gateway's.
 
 Run: .venv/bin/python benchmarks/gateway_cost.py [--requests 4000] [--inflight 256]
-     [--rate 200] [--duration 20] [--rounds 2]
+     [--rate 200] [--duration 20] [--rounds 2] [--base-ms MS] [--per-item-ms MS]
+     [--max-batch N]
+(the last three set the synthetic model: a fast one, such as 2 ms + 0.02 ms an item in
+batches of 256, outruns one gateway, which then bounds the saturation runs)
 Each round runs every path in turn on one private fleet (a batcher, a worker). Prints per
 run: calls answered, calls a second, p50 and p99 in ms, and for the runs through one gateway
 the CPU its process used a call (user + system, from /proc); then, per round, what the gateway
@@ -27,6 +30,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from pipeline_cpu import process_cpu_s  # this folder, as a script runs
@@ -38,7 +42,6 @@ from workers.local.private_fleet import PrivateFleet, private_fleet
 from workers.tools.load_stats import percentile
 
 MODEL = "embed"
-MODELS = {MODEL: {"options": {"dims": 16}}}
 API_KEY = f"sk-bench-{uuid.uuid4().hex}"
 Call = Callable[[str], Awaitable[object]]
 
@@ -160,7 +163,17 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--base-ms", type=float, help="the model's time per batch")
+    parser.add_argument("--per-item-ms", type=float, help="the model's time per input")
+    parser.add_argument("--max-batch", type=int, help="the model's largest batch")
     args = parser.parse_args()
+    model: dict[str, Any] = {"options": {"dims": 16}}
+    for option, value in (("base_ms", args.base_ms), ("per_item_ms", args.per_item_ms)):
+        if value is not None:
+            model["options"][option] = value
+    if args.max_batch is not None:
+        model["max_batch_size"] = args.max_batch
+    models = {MODEL: model}
     names = [
         f"saturate, AsyncProducer ({args.inflight})",
         f"saturate, 1 gateway ({args.inflight})",
@@ -168,11 +181,11 @@ def main() -> None:
         f"{args.rate:g}/s each, AsyncProducer",
         f"{args.rate:g}/s each, 1 gateway",
     ]
-    with private_fleet(MODELS) as fleet:
+    with private_fleet(models) as fleet:
         env = {
             "BATCHFLEET_REDIS_URL": fleet.redis_url,
             "BATCHFLEET_KEY_PREFIX": fleet.settings.key_prefix,
-            "BATCHFLEET_MODELS": json.dumps(MODELS),
+            "BATCHFLEET_MODELS": json.dumps(models),
             "BATCHFLEET_GATEWAY__API_KEYS": API_KEY,
         }
         with LocalFleet(env) as gateways:
