@@ -25,6 +25,7 @@ import redis
 
 from config.keys import Keys
 from producer.async_client import AsyncProducer
+from workers.gateway.batch_store import BatchStore
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_gateway import start_gateway
 from workers.local.local_redis import LocalRedis, free_port
@@ -528,3 +529,48 @@ def test_a_job_whose_gateway_dies_is_resumed_by_another_and_answered_once(
     assert {answer["custom_id"] for answer in answers} == {f"r{n}" for n in range(RESUMED_LINES)}
     assert ended.error_file_id is None
     assert ended.request_counts.completed == RESUMED_LINES
+
+
+def test_a_batch_cancelled_while_no_gateway_runs_it_ends_what_was_sent(
+    make_fleet: Callable[..., LocalFleet], tmp_path: Path
+) -> None:
+    """Gateway A runs a job whose model nobody serves (one request queued, the rest waiting
+    for room) and is killed; the job is cancelled while no gateway runs it. Gateway B takes
+    it over when A's lease runs out and ends it: the request A had sent is cancelled (a
+    ``cancelled`` error line) and the job ends ``cancelled``; the lines never sent stay
+    unwritten."""
+    gateway_env = {
+        "BATCHFLEET_MODELS": json.dumps({"held": IDLE_POLICY}),
+        "BATCHFLEET_GATEWAY__API_KEYS": API_KEY,
+        "BATCHFLEET_GATEWAY__FILES_DIR": str(tmp_path),
+        "BATCHFLEET_GATEWAY__BATCH_LEASE_S": "2",
+    }
+    first, second = make_fleet(**gateway_env), make_fleet(**gateway_env)
+    keys = Keys(first.env["BATCHFLEET_KEY_PREFIX"])
+    lines = [
+        batch_line(f"h{n}", "/v1/embeddings", {"model": "held", "input": f"{n}"}) for n in range(3)
+    ]
+    with (
+        redis.Redis.from_url(first.env["BATCHFLEET_REDIS_URL"]) as redis_client,
+        openai.OpenAI(base_url=f"{start_gateway(first)}/v1", api_key=API_KEY) as client,
+    ):
+        uploaded = client.files.create(
+            file=("in.jsonl", "\n".join(lines).encode()), purpose="batch"
+        )
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while redis_client.xlen(keys.stream("held")) < 1:
+            assert time.monotonic() < deadline, "the job sent nothing"
+            time.sleep(0.05)  # polls for the job's first request, the event to kill after
+        first.stop(first.processes[0], signal.SIGKILL)
+        # What a gateway's cancel route does, here with no gateway up to take the job.
+        assert BatchStore(redis_client, keys, lease_s=2).cancel(batch.id)
+    with openai.OpenAI(base_url=f"{start_gateway(second)}/v1", api_key=API_KEY) as client:
+        ended = wait_for_batch(client, batch.id, ENDED)
+        assert ended.status == "cancelled", f"{ended}\n{second.logs()}"
+        (error,) = lines_of(client, ended.error_file_id)
+        assert error["custom_id"] == "h0" and error["error"]["code"] == "cancelled"
+        assert ended.request_counts.failed == 1
+        assert lines_of(client, ended.output_file_id) == []

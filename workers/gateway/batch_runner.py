@@ -175,14 +175,15 @@ def run_job(
         deadline_s=max(1.0, int(job["expires_at"]) - time.time()),
         line_format=OpenAILines(job["endpoint"], job["model"]),
         keep_going=lambda: not stop.is_set() and not cancelled(),
+        # Cancelled while no gateway ran it: end what the last runner had sent.
+        wind_down=job["status"] == "cancelling",
     )
     output, errors = files.path(job["work_output"]), files.path(job["work_errors"])
-    if job["status"] != "cancelling":
-        with Producer(settings) as producer:
-            report = run_file(producer, job["model"], source, output, errors, options, on_progress)
-        store.update(batch_id, **_counts(report))
-        if stop.is_set() and not cancelled():
-            return
+    with Producer(settings) as producer:
+        report = run_file(producer, job["model"], source, output, errors, options, on_progress)
+    store.update(batch_id, **_counts(report))
+    if stop.is_set() and not cancelled():
+        return
     _finish(store, files, batch_id, job, cancelled())
 
 

@@ -180,6 +180,9 @@ class JobOptions:
     line_format: LineFormat = field(default_factory=PlainLines)
     # Asked before each wave: False stops the job once the waves sent are answered.
     keep_going: Callable[[], bool] = lambda: True
+    # The job was stopped for good before this run (a batch cancelled while no gateway ran
+    # it): this run sends nothing, and ends what earlier runs sent (``BulkJob.wind_down``).
+    wind_down: bool = False
 
 
 class BulkJob:
@@ -204,6 +207,9 @@ class BulkJob:
 
     def run(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
         """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
+        if self._options.wind_down:
+            self.wind_down(lines, on_answer)
+            return
         previous: dict[str, tuple[Line, float]] = {}
         while True:
             going = self._options.keep_going()
@@ -213,6 +219,23 @@ class BulkJob:
             if not wave:
                 return
             previous = wave
+
+    def wind_down(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
+        """Sends nothing: cancels the request an earlier run sent for each of ``lines`` (those
+        not yet answered) and writes what each ends with (``cancelled``, or its answer where
+        it had one or was already running); a line never sent stays unwritten."""
+        sent: dict[str, tuple[Line, float]] = {}
+        for line in lines:
+            if isinstance(line, BadLine):
+                continue
+            request_id = request_id_for(self._model, self._options.job_id, line.custom_id)
+            try:
+                self._producer.cancel(request_id)
+            except UnknownRequest:
+                continue  # never sent (or its result is gone)
+            sent[request_id] = (line, time.monotonic())
+        if sent:
+            self._collect(sent, on_answer)
 
     def _next_wave(self, lines: Iterator[Line | BadLine], on_answer: Any) -> list[Line]:
         wave: list[Line] = []
