@@ -67,3 +67,29 @@ def test_flower_shows_the_workers_and_batch_sizes_behind_basic_auth(
         lambda found: "w1@flower" in found,
     )
     assert "w1@flower" in workers
+
+
+def test_a_worker_told_to_stop_publishes_the_events_it_still_held(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """A worker publishes its task events together, every 0.1 s; stopped (SIGTERM) the
+    moment its batches are answered, it still publishes what it held: Flower shows every
+    batch succeeded."""
+    port = free_port()
+    fleet = make_fleet(FLOWER_BASIC_AUTH=":".join(AUTH))
+    fleet.start("batcher")
+    worker = fleet.start("worker", "--cpu", "--name", "w2@flower")
+    fleet.start("flower", "--port", str(port))
+    api = f"http://127.0.0.1:{port}/api"
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        following(api, "w2@flower")
+        ids = producer.submit_many("synthetic", [f"input {n}" for n in range(40)])
+        list(producer.results(ids, timeout_s=60))
+    assert fleet.stop(worker) == 0, fleet.logs()
+    tasks = poll(
+        lambda: httpx.get(f"{api}/tasks", auth=AUTH, timeout=5).json(),
+        lambda found: found and all(task["state"] == "SUCCESS" for task in found.values()),
+        timeout_s=30,
+    )
+    assert sum(str(task.get("args")).count("requests>") for task in tasks.values()) >= 2

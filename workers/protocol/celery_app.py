@@ -11,6 +11,7 @@ from config.keys import Keys
 from config.sentinel import broker_tls, sentinel_options
 from config.settings import SENTINEL_SCHEME, Settings
 from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
+from workers.protocol.task_events import FlushTaskEvents
 
 
 def broker_url(settings: Settings) -> str:
@@ -43,6 +44,7 @@ def make_celery_app(settings: Settings) -> Celery:
         transport_options["master_name"] = settings.redis_sentinel_master
         transport_options["sentinel_kwargs"] = sentinel_options(settings)
     app = Celery("batchfleet", broker=url, set_as_current=False)
+    app.steps["consumer"].add(FlushTaskEvents)
     if scheme == SENTINEL_SCHEME and settings.redis_sentinel_tls_ca is not None:
         app.conf.broker_use_ssl = broker_tls(settings)
     app.conf.update(
@@ -66,8 +68,9 @@ def make_celery_app(settings: Settings) -> Celery:
         # or solo pool, Celery 5.6 ends the worker instead. There the batch runs on, its answers
         # are written once, and Celery's redelivery finds them already written.
         worker_cancel_long_running_tasks_on_connection_loss=worker.pool == "prefork",
-        # Flower shows each batch from the worker's received, started and succeeded events;
-        # a sent event from the batcher would cost every batch one more publish.
+        # Flower shows each batch from the worker's received, started and succeeded events,
+        # published together every 0.1 s (FlushTaskEvents); a sent event from the batcher
+        # would cost every batch one more publish.
         worker_send_task_events=True,
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
