@@ -191,8 +191,7 @@ def mount_of(spec: dict[str, Any], container: dict[str, Any], path: str) -> dict
     """The volume ``container`` mounts at ``path``."""
     (mount,) = (m for m in container["volumeMounts"] if m["mountPath"] == path)
     (volume,) = (v for v in spec["volumes"] if v["name"] == mount["name"])
-    found: dict[str, Any] = volume
-    return found
+    return volume
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -112,10 +112,11 @@ class FileStore:
         metas = [meta for _, _, meta in made if purpose is None or meta["purpose"] == purpose]
         start = 0
         if after is not None:
-            ids = [meta["id"] for meta in metas]
-            if after not in ids:
-                raise ApiError(400, f"after names no listed file: {after!r}", "invalid_cursor")
-            start = ids.index(after) + 1
+            try:
+                start = [meta["id"] for meta in metas].index(after) + 1
+            except ValueError:
+                message = f"after names no listed file: {after!r}"
+                raise ApiError(400, message, "invalid_cursor") from None
         return metas[start : start + limit], start + limit < len(metas)
 
     def delete(self, file_id: str) -> None:
