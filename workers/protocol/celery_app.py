@@ -11,7 +11,7 @@ from config.keys import Keys
 from config.sentinel import broker_tls, sentinel_options
 from config.settings import SENTINEL_SCHEME, Settings
 from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
-from workers.protocol.task_events import FlushTaskEvents
+from workers.protocol.task_events import FlushTaskEvents, WorkerEvents
 
 
 def broker_url(settings: Settings) -> str:
@@ -43,7 +43,7 @@ def make_celery_app(settings: Settings) -> Celery:
     if scheme == SENTINEL_SCHEME:
         transport_options["master_name"] = settings.redis_sentinel_master
         transport_options["sentinel_kwargs"] = sentinel_options(settings)
-    app = Celery("batchfleet", broker=url, set_as_current=False)
+    app = Celery("batchfleet", broker=url, set_as_current=False, events=WorkerEvents)
     app.steps["consumer"].add(FlushTaskEvents)
     if scheme == SENTINEL_SCHEME and settings.redis_sentinel_tls_ca is not None:
         app.conf.broker_use_ssl = broker_tls(settings)
