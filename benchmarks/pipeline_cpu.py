@@ -6,8 +6,9 @@ For each max batch size it starts a private fleet (its own redis-server, a batch
 worker serving the synthetic model), sends the requests with ``Producer.submit_many`` and
 collects them with ``results``, and reads the CPU time (user + system) each process used
 meanwhile from ``/proc`` (this process's own for the producer). It prints µs per request and
-ms per batch by process. The synthetic model sleeps, so its model time costs no CPU: what is
-left is the pipeline's.
+ms per batch by process, then the Redis commands each batch cost (``INFO commandstats``: a
+script's own commands count too, under their names). The synthetic model sleeps, so its model
+time costs no CPU: what is left is the pipeline's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import argparse
 import os
 import resource
 import time
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -28,6 +31,7 @@ from workers.local.private_fleet import PrivateFleet, private_fleet
 from workers.protocol.entries import to_text
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+COMMANDS_SHOWN = 16
 
 
 def process_cpu_s(pid: int) -> float:
@@ -56,8 +60,21 @@ def batches_sent(fleet: PrivateFleet) -> int:
     )
 
 
-def measure(args: argparse.Namespace, max_batch_size: int) -> dict[str, float]:
-    """CPU seconds by process for one run, plus the batches it took (``batches``)."""
+def command_calls(server: LocalRedis) -> Counter[str]:
+    """Calls by Redis command since the server started."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        stats: dict[str, dict[str, Any]] = client.info("commandstats")
+    finally:
+        client.close()
+    return Counter(
+        {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+    )
+
+
+def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, float], Counter[str]]:
+    """CPU seconds by process for one run, plus the batches it took (``batches``); the Redis
+    commands it sent."""
     options = {"base_ms": args.base_ms, "per_item_ms": args.per_item_ms}
     models = {
         "synthetic": {
@@ -77,6 +94,7 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> dict[str, float]:
                 "producer": own_cpu_s,
             }
             before = {name: read() for name, read in readers.items()}
+            calls_before = command_calls(server)
             batches_before = batches_sent(fleet)
             started = time.monotonic()
             with Producer(fleet.settings) as producer:
@@ -90,8 +108,9 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> dict[str, float]:
             used = {name: read() - before[name] for name, read in readers.items()}
             used["batches"] = batches_sent(fleet) - batches_before
             used["elapsed_s"] = elapsed_s
+            calls = command_calls(server) - calls_before
         del os.environ["BATCHFLEET_REDIS_URL"]
-    return used
+    return used, calls
 
 
 def main() -> None:
@@ -109,8 +128,9 @@ def main() -> None:
     print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
     print(f"{'':>26}  {header}  {header}")
+    commands = []
     for size in args.batch_sizes:
-        used = measure(args, size)
+        used, calls = measure(args, size)
         batches = max(1, int(used["batches"]))
         per_request = [used[role] / args.requests * 1e6 for role in roles]
         per_batch = [used[role] / batches * 1e3 for role in roles]
@@ -121,6 +141,12 @@ def main() -> None:
             + "  "
             + " ".join(f"{value:>8.2f}" for value in (*per_batch, sum(per_batch)))
         )
+        per_batch_calls = ", ".join(
+            f"{name} {count / batches:.1f}" for name, count in calls.most_common(COMMANDS_SHOWN)
+        )
+        commands.append(f"{size:>9}: {calls.total() / batches:.1f} in all; {per_batch_calls}")
+    print("Redis commands per batch (the most called first)")
+    print("\n".join(commands))
 
 
 if __name__ == "__main__":
