@@ -1,7 +1,7 @@
--- Prunes workers whose heartbeat expired, batches whose worker is gone, batches older than
--- the lease (published but never started) and owners of batches no longer counted, then
--- counts what is left. Returns {live worker members, batches in flight}.
---#include server_now.lua
+-- The model's capacity as the batcher counts it before each decision: prunes what is gone,
+-- then counts what is left (count_capacity.lua). Returns {live worker members, batches in
+-- flight}.
+--#include count_capacity.lua
 
 local workers = KEYS[1]
 local inflight = KEYS[2]
@@ -9,20 +9,4 @@ local inflight_owners = KEYS[3]
 
 local lease_s = tonumber(ARGV[1])
 
-local now = server_now()
-redis.call('ZREMRANGEBYSCORE', workers, '-inf', now)
-for _, batch in ipairs(redis.call('ZRANGE', inflight, 0, -1)) do
-  local owner = redis.call('HGET', inflight_owners, batch)
-  if owner and not redis.call('ZSCORE', workers, owner) then
-    redis.call('ZREM', inflight, batch)
-    redis.call('HDEL', inflight_owners, batch)
-  end
-end
-for _, batch in ipairs(redis.call('ZRANGEBYSCORE', inflight, '-inf', now - lease_s)) do
-  redis.call('ZREM', inflight, batch)
-  redis.call('HDEL', inflight_owners, batch)
-end
-for _, batch in ipairs(redis.call('HKEYS', inflight_owners)) do
-  if not redis.call('ZSCORE', inflight, batch) then redis.call('HDEL', inflight_owners, batch) end
-end
-return {redis.call('ZRANGE', workers, 0, -1), redis.call('ZCARD', inflight)}
+return count_capacity(workers, inflight, inflight_owners, lease_s)

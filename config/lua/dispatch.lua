@@ -1,13 +1,17 @@
 -- Records a batch as in flight, scored by its dispatch time (Redis server time), and counts
--- it by flush reason in the model's stats.
---#include server_now.lua
+-- it by flush reason in the model's stats. Returns the capacity left (count_capacity.lua),
+-- which the batcher's next decision uses instead of asking again.
+--#include count_capacity.lua
 
 local inflight = KEYS[1]
 local stats = KEYS[2]
+local workers = KEYS[3]
+local inflight_owners = KEYS[4]
 
 local batch_id = ARGV[1]
 local reason_field = ARGV[2]  -- the stats field counting batches sent for this reason
+local lease_s = tonumber(ARGV[3])
 
 redis.call('ZADD', inflight, server_now(), batch_id)
 redis.call('HINCRBY', stats, reason_field, 1)
-return 1
+return count_capacity(workers, inflight, inflight_owners, lease_s)

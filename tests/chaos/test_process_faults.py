@@ -72,7 +72,7 @@ def test_batcher_killed_after_read_before_dispatch(chaos_fleet: MakeFleet, recor
     fleet = chaos_fleet(policy={"late_binding": False, "max_wait_s": 60})
     state = FleetState(fleet.client, fleet.keys, MODEL)
     state.heartbeat(worker_member("busy@chaos", 2), ttl_s=60)
-    state.dispatched("running-batch", "size")
+    state.dispatched("running-batch", "size", lease_s=60)
     batcher = fleet.processes.start("batcher", "--name", "b1")
     ledger = Ledger()
     with fleet.producer() as producer:

@@ -574,7 +574,7 @@ def test_capacity_prunes_batches_of_gone_workers_and_past_the_lease(
     state = FleetState(store, keys, MODEL)
     state.heartbeat("w1|1", ttl_s=60)
     for batch in ("kept", "orphan", "old"):
-        state.dispatched(batch, "size")
+        state.dispatched(batch, "size", lease_s=60)
     state.batch_started("kept", "w1|1")
     state.batch_started("orphan", "gone|1")
     store.zadd(keys.inflight(MODEL), {"old": 1.0})

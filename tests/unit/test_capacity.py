@@ -17,7 +17,7 @@ def test_live_workers_slots_and_batches_in_flight_are_counted(
     state = FleetState(fake_redis, Keys("bf"), "m")
     state.heartbeat(worker_member("a", 2), ttl_s=30)
     state.heartbeat(worker_member("b", 1), ttl_s=30)
-    state.dispatched("batch-1", "size")
+    state.dispatched("batch-1", "size", LEASE_S)
     capacity = state.capacity(LEASE_S)
     assert (capacity.workers, capacity.slots, capacity.inflight) == (2, 3, 1)
     assert capacity.free_slots(batches_per_slot=1) == 2
@@ -33,9 +33,24 @@ def test_a_dead_workers_batches_free_their_slots_at_once(fake_redis: fakeredis.F
     state.heartbeat(dead, ttl_s=30)
     state.heartbeat(alive, ttl_s=30)
     for batch in ("started-by-dead", "queued"):
-        state.dispatched(batch, "size")
+        state.dispatched(batch, "size", LEASE_S)
     state.batch_started("started-by-dead", dead)
     assert state.capacity(LEASE_S).inflight == 2
     state.leave(dead)
     capacity = state.capacity(LEASE_S)
     assert (capacity.workers, capacity.inflight) == (1, 1)
+
+
+def test_a_dispatch_counts_the_capacity_it_leaves(fake_redis: fakeredis.FakeRedis) -> None:
+    """The batcher's next decision uses what its dispatch counted, in the same round trip:
+    the new batch in flight, and what is gone pruned as ``capacity`` prunes it."""
+    state = FleetState(fake_redis, Keys("bf"), "m")
+    dead, alive = worker_member("dead", 1), worker_member("alive", 2)
+    state.heartbeat(dead, ttl_s=30)
+    state.heartbeat(alive, ttl_s=30)
+    state.dispatched("started-by-dead", "size", LEASE_S)
+    state.batch_started("started-by-dead", dead)
+    state.leave(dead)
+    counted = state.dispatched("next", "size", LEASE_S)
+    assert (counted.workers, counted.slots, counted.inflight) == (1, 2, 1)
+    assert counted == state.capacity(LEASE_S)

@@ -32,7 +32,7 @@ from workers.batcher.metrics import batcher_registry
 from workers.batcher.policy import FULL_BATCHES_AHEAD, FULL_REASONS, Pending, Plan, plan_batch
 from workers.models.registry import cost_function
 from workers.protocol.batch_cap import BatchCap
-from workers.protocol.capacity import FleetState
+from workers.protocol.capacity import Capacity, FleetState
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import StreamEntry, ensure_group, read_entries, to_text
 from workers.protocol.health import Health
@@ -104,6 +104,9 @@ class ModelBatcher:
         self._next_backlog_scan = 0.0
         self._backlog_cursor = "0-0"
         self._sending_full = False
+        # The capacity the last dispatch counted, for the next step's decision only: a slot
+        # freed since then wakes the wait that follows, and the step after it asks again.
+        self._counted: Capacity | None = None
         self.failed = False
 
     def run(self, stop: threading.Event) -> None:
@@ -160,7 +163,7 @@ class ModelBatcher:
         if now >= self._next_reclaim:
             self._reclaim()
             self._next_reclaim = now + self.settings.batcher.reclaim_scan_s
-        capacity = self._state.capacity(self._lease_s)
+        capacity, self._counted = self._counted or self._state.capacity(self._lease_s), None
         free = capacity.free_slots(self.settings.batcher.batches_per_worker_slot)
         cap = self._batch_cap.current()
         policy = self.policy
@@ -375,7 +378,7 @@ class ModelBatcher:
 
     def _dispatch(self, batch: Sequence[Pending], reason: str | None) -> None:
         batch_id = uuid.uuid4().hex
-        self._state.dispatched(batch_id, reason or "other")
+        counted = self._state.dispatched(batch_id, reason or "other", self._lease_s)
         try:
             task = BatchTask(
                 self.model, batch_id, [(item.entry_id, item.raw) for item in batch], reason
@@ -391,6 +394,7 @@ class ModelBatcher:
             raise
         for item in batch:
             self._pending.pop(item.entry_id, None)
+        self._counted = counted
         self._sending_full = reason in FULL_REASONS
         log.debug("model %s: batch %s of %d (%s)", self.model, batch_id, len(batch), reason)
 

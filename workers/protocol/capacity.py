@@ -1,7 +1,7 @@
 """Who is alive and how busy: worker heartbeats, batches in flight, and the slot-free wake-up.
 
 Every timestamp here is Redis server time (``TIME`` inside the scripts: ``heartbeat.lua``,
-``device_heartbeat.lua``, ``renew_claim.lua``, ``capacity.lua``, ``dispatch.lua`` in
+``device_heartbeat.lua``, ``renew_claim.lua``, ``count_capacity.lua`` in
 ``config/lua``), so hosts with skewed clocks still agree on who is alive.
 """
 
@@ -39,6 +39,17 @@ class Capacity:
         return max(0, self.workers - self.inflight)
 
 
+def _counted(reply: Sequence[Any]) -> Capacity:
+    """A ``Capacity`` from ``count_capacity.lua``'s reply: live members, batches in flight."""
+    members, inflight = reply
+    slots = 0
+    for member in members:
+        text = member.decode() if isinstance(member, bytes) else member
+        _, _, count = text.rpartition("|")
+        slots += int(count) if count.isdigit() else 1
+    return Capacity(workers=len(members), slots=slots, inflight=int(inflight))
+
+
 def worker_member(hostname: str, slots: int) -> str:
     """A worker's member in the workers zset: its name and how many batches it runs at once."""
     return f"{hostname}|{slots}"
@@ -63,26 +74,30 @@ class FleetState:
 
     def capacity(self, lease_s: float) -> Capacity:
         """Prunes expired workers and stale in-flight batches, then counts what is left."""
-        members, inflight = self._capacity(
-            keys=[
-                self._keys.workers(self._model),
-                self._keys.inflight(self._model),
-                self._keys.inflight_owners(self._model),
-            ],
-            args=[lease_s],
+        return _counted(
+            self._capacity(
+                keys=[
+                    self._keys.workers(self._model),
+                    self._keys.inflight(self._model),
+                    self._keys.inflight_owners(self._model),
+                ],
+                args=[lease_s],
+            )
         )
-        slots = 0
-        for member in members:
-            text = member.decode() if isinstance(member, bytes) else member
-            _, _, count = text.rpartition("|")
-            slots += int(count) if count.isdigit() else 1
-        return Capacity(workers=len(members), slots=slots, inflight=int(inflight))
 
-    def dispatched(self, batch_id: str, reason: str) -> None:
-        """Records a batch sent (in flight, and counted by flush reason in the stats)."""
-        self._dispatch(
-            keys=[self._keys.inflight(self._model), self._keys.stats(self._model)],
-            args=[batch_id, stats_fields.batches(reason)],
+    def dispatched(self, batch_id: str, reason: str, lease_s: float) -> Capacity:
+        """Records a batch sent (in flight, and counted by flush reason in the stats); returns
+        the capacity left, counted as ``capacity`` does, in the same round trip."""
+        return _counted(
+            self._dispatch(
+                keys=[
+                    self._keys.inflight(self._model),
+                    self._keys.stats(self._model),
+                    self._keys.workers(self._model),
+                    self._keys.inflight_owners(self._model),
+                ],
+                args=[batch_id, stats_fields.batches(reason), lease_s],
+            )
         )
 
     def undispatched(self, batch_id: str) -> None:
