@@ -714,6 +714,20 @@ def chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
 INBOX_DRAIN = 512
 
 
+def queue_inbox_take(pipe: Pipeline | AsyncPipeline, inbox: str, block_s: float) -> None:
+    """Queues one take from ``inbox`` on ``pipe``: a ``BLPOP`` that waits up to ``block_s``
+    for a result, then an ``LPOP`` of up to ``INBOX_DRAIN`` more. Redis runs the ``LPOP``
+    once the ``BLPOP`` returns: a batch's results come in one round trip, blocking or not."""
+    pipe.blpop([inbox], timeout=block_s)
+    pipe.lpop(inbox, INBOX_DRAIN)
+
+
+def inbox_taken(replies: Sequence[Any]) -> list[Any]:
+    """The raw items of one take (``queue_inbox_take``'s replies)."""
+    first, rest = replies
+    return ([first[1]] if first else []) + (rest or [])
+
+
 def read_inbox(raws: Sequence[bytes | str | None]) -> list[Result]:
     """The results among raw inbox items; wake-up sentinels and unreadable items are skipped."""
     results = []

@@ -32,12 +32,13 @@ from config.schema import Result
 from config.sentinel import AsyncMasterFollowingPool, sentinel_group
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
-    INBOX_DRAIN,
     RECORD_CHANGED,
     Prepared,
     ProducerCore,
     StreamReader,
     chunks,
+    inbox_taken,
+    queue_inbox_take,
     read_inbox,
 )
 from producer.client import LISTEN_BLOCK_S
@@ -112,27 +113,24 @@ class AsyncInboxListener:
     async def _run(self, inbox: str) -> None:
         away: Backoff | None = None  # set while Redis cannot be reached
         while not self._closed:
-            popped: list[Any] = []
             try:
                 if away is not None:
                     await self._client.ping()
                     away = None
                     self._waiters.reconnected()
-                item = await self._client.blpop([inbox], timeout=LISTEN_BLOCK_S)
-                if item is None:
-                    continue
-                # As ``InboxListener``: the rest in one more round trip; results a lost reply
-                # popped are read where they are stored once Redis is back.
-                popped.append(item[1])
-                popped += await self._client.lpop(inbox, INBOX_DRAIN) or []
+                # As ``InboxListener``: results a lost reply popped are read where they are
+                # stored once Redis is back.
+                pipe = self._client.pipeline(transaction=False)
+                queue_inbox_take(pipe, inbox, LISTEN_BLOCK_S)
+                popped = inbox_taken(await pipe.execute())
             except redis.RedisError as exc:
-                self._waiters.deliver(read_inbox(popped))
                 if not is_outage(exc):
                     self._waiters.fail_all(RedisAccessDenied(f"Redis refused the inbox: {exc}"))
                 away = away or Backoff()
                 await asyncio.sleep(away.next_pause_s())
                 continue
-            self._waiters.deliver(read_inbox(popped))
+            if popped:
+                self._waiters.deliver(read_inbox(popped))
 
 
 class AsyncProducer:

@@ -29,12 +29,13 @@ from config.replica_wait import ReplicaWait
 from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
-    INBOX_DRAIN,
     RECORD_CHANGED,
     Prepared,
     ProducerCore,
     StreamReader,
     chunks,
+    inbox_taken,
+    queue_inbox_take,
     read_inbox,
 )
 from producer.outages import Backoff, call_until, single_try
@@ -89,28 +90,24 @@ class InboxListener:
     def _run(self, inbox: str) -> None:
         away: Backoff | None = None  # set while Redis cannot be reached
         while not self._closed.is_set():
-            popped: list[Any] = []
             try:
                 if away is not None:
                     self._client.ping()
                     away = None
                     self._waiters.reconnected()
-                item = self._client.blpop([inbox], timeout=LISTEN_BLOCK_S)
-                if item is None:
-                    continue
-                # A batch finalizes many results at once: take them in one more round trip.
                 # A reply lost on the way loses the results it popped: once back, the
                 # waiters read them where they are stored.
-                popped.append(item[1])
-                popped += self._client.lpop(inbox, INBOX_DRAIN) or []
+                pipe = self._client.pipeline(transaction=False)
+                queue_inbox_take(pipe, inbox, LISTEN_BLOCK_S)
+                popped = inbox_taken(pipe.execute())
             except redis.RedisError as exc:
-                self._waiters.deliver(read_inbox(popped))
                 if not is_outage(exc):
                     self._waiters.fail_all(RedisAccessDenied(f"Redis refused the inbox: {exc}"))
                 away = away or Backoff()
                 self._closed.wait(away.next_pause_s())
                 continue
-            self._waiters.deliver(read_inbox(popped))
+            if popped:
+                self._waiters.deliver(read_inbox(popped))
 
 
 class Producer:
