@@ -44,6 +44,7 @@ ScriptName = Literal[
     "renew_claim",
     "capacity",
     "dispatch",
+    "start_batch",
     "lower_batch_cap",
     "raise_batch_cap",
     "prune_consumers",

@@ -12,27 +12,26 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from redis.client import Pipeline
-
 from config import lua
 from config.keys import CONSUMER_GROUP
 from workers.cli.main import main
 from workers.protocol.results import ResultWriter
 
-claim_and_check = ResultWriter.claim_and_check
+start_batch = ResultWriter.start_batch
 script_source = lua.source
 
 
 def ack_on_receipt(
     self: ResultWriter,
+    batch_id: str,
+    member: str,
     consumer: str,
     entry_ids: Sequence[str],
     request_ids: Sequence[str],
-    pipe: Pipeline | None = None,
 ) -> list[bool]:
     if entry_ids:
         self._client.xack(self._keys.stream(self._model), CONSUMER_GROUP, *entry_ids)
-    return claim_and_check(self, consumer, entry_ids, request_ids, pipe)
+    return start_batch(self, batch_id, member, consumer, entry_ids, request_ids)
 
 
 def overwriting_source(name: str) -> str:
@@ -48,7 +47,7 @@ def overwriting_source(name: str) -> str:
 if __name__ == "__main__":
     mode = sys.argv.pop(1)
     if mode == "ack-on-receipt":
-        ResultWriter.claim_and_check = ack_on_receipt  # type: ignore[method-assign]
+        ResultWriter.start_batch = ack_on_receipt  # type: ignore[method-assign]
     elif mode == "overwrite":
         lua.source = overwriting_source  # type: ignore[assignment]
     else:

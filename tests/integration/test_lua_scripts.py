@@ -526,6 +526,27 @@ def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
     assert stats(store, keys)[stats_fields.COMPLETED] == 3
 
 
+def test_a_batch_start_records_its_worker_claims_its_entries_and_finds_answers(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """Starting a delivery records the worker running it, moves its entries to the worker's
+    consumer with their idle time restarted, and says which requests were answered."""
+    writer = ResultWriter(store, keys, MODEL)
+    stream = keys.stream(MODEL)
+    answered, fresh = queued(store, core, keys, "a", "b")
+    entries = [entry_of(store, item) for item in (answered, fresh)]
+    store.set(answered.result_key, "an earlier delivery's answer")
+    consumer = worker_consumer("w1")
+    request_ids = [answered.request_id, fresh.request_id]
+    assert writer.start_batch("batch-1", "w1|1", consumer, entries, request_ids) == [True, False]
+    assert store.hget(keys.inflight_owners(MODEL), "batch-1") == b"w1|1"
+    pending = store.xpending_range(stream, CONSUMER_GROUP, "-", "+", 10)
+    assert {(to_text(row["message_id"]), to_text(row["consumer"])) for row in pending} == {
+        (entry, consumer) for entry in entries
+    }
+    assert all(row["time_since_delivered"] < 60_000 for row in pending)
+
+
 def test_count_device_deaths_counts_only_entries_of_gone_devices(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:
@@ -575,8 +596,9 @@ def test_capacity_prunes_batches_of_gone_workers_and_past_the_lease(
     state.heartbeat("w1|1", ttl_s=60)
     for batch in ("kept", "orphan", "old"):
         state.dispatched(batch, "size", lease_s=60)
-    state.batch_started("kept", "w1|1")
-    state.batch_started("orphan", "gone|1")
+    writer = ResultWriter(store, keys, MODEL)
+    writer.start_batch("kept", "w1|1", "w1@test", [], [])
+    writer.start_batch("orphan", "gone|1", "gone@test", [], [])
     store.zadd(keys.inflight(MODEL), {"old": 1.0})
     store.hset(keys.inflight_owners(MODEL), "forgotten", "w1|1")
     assert state.capacity(lease_s=60).inflight == 1

@@ -6,8 +6,14 @@ import fakeredis
 
 from config.keys import Keys
 from workers.protocol.capacity import FleetState, worker_member
+from workers.protocol.results import ResultWriter
 
 LEASE_S = 45.0
+
+
+def started(client: fakeredis.FakeRedis, batch_id: str, member: str) -> None:
+    """``member``'s worker starts the batch (an empty one: only its owner is recorded)."""
+    ResultWriter(client, Keys("bf"), "m").start_batch(batch_id, member, "w@test", [], [])
 
 
 def test_live_workers_slots_and_batches_in_flight_are_counted(
@@ -34,7 +40,7 @@ def test_a_dead_workers_batches_free_their_slots_at_once(fake_redis: fakeredis.F
     state.heartbeat(alive, ttl_s=30)
     for batch in ("started-by-dead", "queued"):
         state.dispatched(batch, "size", LEASE_S)
-    state.batch_started("started-by-dead", dead)
+    started(fake_redis, "started-by-dead", dead)
     assert state.capacity(LEASE_S).inflight == 2
     state.leave(dead)
     capacity = state.capacity(LEASE_S)
@@ -49,7 +55,7 @@ def test_a_dispatch_counts_the_capacity_it_leaves(fake_redis: fakeredis.FakeRedi
     state.heartbeat(dead, ttl_s=30)
     state.heartbeat(alive, ttl_s=30)
     state.dispatched("started-by-dead", "size", LEASE_S)
-    state.batch_started("started-by-dead", dead)
+    started(fake_redis, "started-by-dead", dead)
     state.leave(dead)
     counted = state.dispatched("next", "size", LEASE_S)
     assert (counted.workers, counted.slots, counted.inflight) == (1, 2, 1)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.client import Pipeline
 
 from config import lua, stats_fields
 from config.errors import ConfigError
@@ -102,13 +101,6 @@ class FleetState:
 
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)
-
-    def batch_started(self, batch_id: str, member: str, pipe: Pipeline | None = None) -> None:
-        """Records which worker runs the batch, so that its death frees the slot at once;
-        with ``pipe``, only queued there, for the caller to send with its own commands."""
-        (pipe if pipe is not None else self._client).hset(
-            self._keys.inflight_owners(self._model), batch_id, member
-        )
 
     def batch_done(self, batch_id: str, lease_s: float) -> None:
         """Clears the batch from in-flight and wakes a batcher waiting for a free slot."""

@@ -123,6 +123,7 @@ class ResultWriter:
         self._cache_ttl_ms = None if cache_ttl_s is None else int(cache_ttl_s * 1000)
         self._script = lua.register(client, "finalize")
         self._count_deaths = lua.register(client, "count_device_deaths")
+        self._start = lua.register(client, "start_batch")
 
     def pipeline(self) -> Pipeline:
         """A pipeline on the writer's client, for commands sent with its own."""
@@ -227,27 +228,23 @@ class ResultWriter:
         )
         return [None if int(count) < 0 else int(count) for count in counts]
 
-    def claim_and_check(
+    def start_batch(
         self,
+        batch_id: str,
+        member: str,
         consumer: str,
         entry_ids: Sequence[str],
         request_ids: Sequence[str],
-        pipe: Pipeline | None = None,
     ) -> list[bool]:
-        """Moves the entries to ``consumer`` (restarting their lease) and says whether each
-        request already has its final answer, in one round trip (with the commands already
-        queued on ``pipe``, when given)."""
-        pipe = pipe if pipe is not None else self.pipeline()
-        if entry_ids:
-            pipe.xclaim(
+        """Records ``member`` as running the batch, moves its entries to ``consumer``
+        (restarting their lease) and says whether each request already has its final answer,
+        in one round trip (``start_batch.lua``)."""
+        answered = self._start(
+            keys=[
+                self._keys.inflight_owners(self._model),
                 self._keys.stream(self._model),
-                CONSUMER_GROUP,
-                consumer,
-                0,
-                list(entry_ids),
-                justid=True,
-            )
-        for request_id in request_ids:  # one by one: a cluster's pipeline takes no MGET
-            pipe.exists(self._keys.result(self._model, request_id))
-        replies = pipe.execute()
-        return [bool(found) for found in replies[len(replies) - len(request_ids) :]]
+                *(self._keys.result(self._model, request_id) for request_id in request_ids),
+            ],
+            args=[batch_id, member, CONSUMER_GROUP, consumer, *entry_ids],
+        )
+        return [bool(found) for found in answered]

@@ -115,10 +115,8 @@ class BatchRun:
         (restarting their lease: a running batch is never reclaimed while it can still
         finish) and says which ``decoded`` requests a previous delivery already answered, in
         one round trip."""
-        pipe = self.writer.pipeline()
-        self.state.batch_started(self.batch_id, member, pipe)
         request_ids = [request.request_id for _, _, request in decoded]
-        return self.writer.claim_and_check(consumer, entry_ids, request_ids, pipe)
+        return self.writer.start_batch(self.batch_id, member, consumer, entry_ids, request_ids)
 
     def finish(self, computed: Sequence[Answer]) -> None:
         """Writes the answers ``computed`` by the model with every answer gathered so far
