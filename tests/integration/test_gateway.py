@@ -407,6 +407,26 @@ def test_a_chat_batch_answers_each_line_as_a_chat_completion(gateway: Gateway) -
     assert batch.error_file_id is None
 
 
+def test_batches_are_listed_newest_first_page_by_page(gateway: Gateway) -> None:
+    """The official client's listing of batches, one a page (it follows ``after`` while
+    ``has_more`` says so): each batch once, the newest first; a cursor that names no batch is
+    refused."""
+    client = gateway.client
+    made = [
+        run_batch(
+            client,
+            [batch_line("one", "/v1/embeddings", {"model": "embed", "input": f"listed {n}"})],
+            "/v1/embeddings",
+        ).id
+        for n in range(3)
+    ]
+    listed = [batch.id for batch in client.batches.list(limit=1)]
+    assert len(listed) == len(set(listed))
+    assert [batch_id for batch_id in listed if batch_id in made] == made[::-1]
+    with pytest.raises(openai.BadRequestError):
+        client.batches.list(after="batch_" + "0" * 32)
+
+
 def test_a_batch_whose_input_does_not_fit_fails_naming_its_lines(gateway: Gateway) -> None:
     """A line for another model or endpoint fails the batch before anything runs; the batch's
     errors name each such line."""

@@ -57,7 +57,9 @@ class BatchStore:
         fields = {name: value for name, value in job.items() if value is not None}
         with self._client.pipeline() as pipe:
             pipe.hset(self._keys.gateway_batch(job["id"]), mapping=_encoded(fields))
-            pipe.zadd(self._keys.gateway_batches(), {job["id"]: job["created_at"]})
+            # Scored to the microsecond (created_at has whole seconds): listed in the order
+            # they were made.
+            pipe.zadd(self._keys.gateway_batches(), {job["id"]: time.time()})
             pipe.execute()
 
     def get(self, batch_id: str) -> dict[str, str] | None:
@@ -101,11 +103,23 @@ class BatchStore:
             if status is not None and _text(status) in ACTIVE
         ]
 
-    def recent(self, limit: int) -> list[dict[str, str]]:
-        """The latest ``limit`` jobs, newest first."""
-        ids = self._client.zrevrange(self._keys.gateway_batches(), 0, limit - 1)
-        jobs = (self.get(_text(raw)) for raw in ids)
-        return [job for job in jobs if job is not None]
+    def listed(self, limit: int, after: str | None = None) -> tuple[list[dict[str, str]], bool]:
+        """Up to ``limit`` jobs, newest first, from the one after job ``after``; and whether
+        more follow.
+
+        Raises:
+            LookupError: ``after`` names no job.
+        """
+        key = self._keys.gateway_batches()
+        start = 0
+        if after is not None:
+            rank: Any = self._client.zrevrank(key, after)
+            if rank is None:
+                raise LookupError(after)
+            start = rank + 1
+        ids = self._client.zrevrange(key, start, start + limit)  # one more: do more follow?
+        jobs = (self.get(_text(raw)) for raw in ids[:limit])
+        return [job for job in jobs if job is not None], len(ids) > limit
 
     def lease(self, batch_id: str) -> Lock:
         """The job's lease (not taken yet: ``acquire(blocking=False)``, then ``reacquire()``

@@ -141,8 +141,14 @@ def batch_routes(api: BatchApi) -> APIRouter:
         return batch_object(await asyncio.to_thread(_job_of, api.store, batch_id))
 
     @router.get("/batches")
-    async def list_batches(limit: int = 20) -> dict[str, Any]:
-        jobs = await asyncio.to_thread(api.store.recent, max(1, min(limit, LIST_LIMIT)))
-        return listing([batch_object(job) for job in jobs], more=False)
+    async def list_batches(limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        try:
+            jobs, more = await asyncio.to_thread(
+                api.store.listed, max(1, min(limit, LIST_LIMIT)), after
+            )
+        except LookupError:
+            message = f"after names no batch: {after!r}"
+            raise ApiError(400, message, "invalid_cursor", "after") from None
+        return listing([batch_object(job) for job in jobs], more)
 
     return router

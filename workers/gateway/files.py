@@ -116,7 +116,7 @@ class FileStore:
                 start = [meta["id"] for meta in metas].index(after) + 1
             except ValueError:
                 message = f"after names no listed file: {after!r}"
-                raise ApiError(400, message, "invalid_cursor") from None
+                raise ApiError(400, message, "invalid_cursor", "after") from None
         return metas[start : start + limit], start + limit < len(metas)
 
     def delete(self, file_id: str) -> None:
