@@ -3,14 +3,14 @@
 -- which the batcher's next decision uses instead of asking again.
 --#include count_capacity.lua
 
-local inflight = KEYS[1]
-local stats = KEYS[2]
-local workers = KEYS[3]
-local inflight_owners = KEYS[4]
+local workers = KEYS[1]
+local inflight = KEYS[2]
+local inflight_owners = KEYS[3]
+local stats = KEYS[4]
 
-local batch_id = ARGV[1]
-local reason_field = ARGV[2]  -- the stats field counting batches sent for this reason
-local lease_s = tonumber(ARGV[3])
+local lease_s = tonumber(ARGV[1])
+local batch_id = ARGV[2]
+local reason_field = ARGV[3]  -- the stats field counting batches sent for this reason
 
 redis.call('ZADD', inflight, server_now(), batch_id)
 redis.call('HINCRBY', stats, reason_field, 1)

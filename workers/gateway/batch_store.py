@@ -39,6 +39,11 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def _job(raw: Mapping[Any, Any]) -> dict[str, str] | None:
+    """A job read from its hash; None for a hash that is gone."""
+    return {_text(key): _text(value) for key, value in raw.items()} if raw else None
+
+
 def _encoded(fields: Mapping[str, Any]) -> Mapping[Any, str | int]:
     return {
         name: json.dumps(value) if name in JSON_FIELDS else value for name, value in fields.items()
@@ -63,10 +68,7 @@ class BatchStore:
             pipe.execute()
 
     def get(self, batch_id: str) -> dict[str, str] | None:
-        raw = self._client.hgetall(self._keys.gateway_batch(batch_id))
-        if not raw:
-            return None
-        return {_text(key): _text(value) for key, value in raw.items()}
+        return _job(self._client.hgetall(self._keys.gateway_batch(batch_id)))
 
     def status(self, batch_id: str) -> str | None:
         """A job's status; None for no such job."""
@@ -118,7 +120,10 @@ class BatchStore:
                 raise LookupError(after)
             start = rank + 1
         ids = self._client.zrevrange(key, start, start + limit)  # one more: do more follow?
-        jobs = (self.get(_text(raw)) for raw in ids[:limit])
+        with self._client.pipeline(transaction=False) as pipe:
+            for raw in ids[:limit]:
+                pipe.hgetall(self._keys.gateway_batch(_text(raw)))
+            jobs = [_job(raw) for raw in pipe.execute()]
         return [job for job in jobs if job is not None], len(ids) > limit
 
     def lease(self, batch_id: str) -> Lock:

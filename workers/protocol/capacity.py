@@ -73,31 +73,25 @@ class FleetState:
 
     def capacity(self, lease_s: float) -> Capacity:
         """Prunes expired workers and stale in-flight batches, then counts what is left."""
-        return _counted(
-            self._capacity(
-                keys=[
-                    self._keys.workers(self._model),
-                    self._keys.inflight(self._model),
-                    self._keys.inflight_owners(self._model),
-                ],
-                args=[lease_s],
-            )
-        )
+        return _counted(self._capacity(keys=self._counted_keys(), args=[lease_s]))
 
     def dispatched(self, batch_id: str, reason: str, lease_s: float) -> Capacity:
         """Records a batch sent (in flight, and counted by flush reason in the stats); returns
         the capacity left, counted as ``capacity`` does, in the same round trip."""
         return _counted(
             self._dispatch(
-                keys=[
-                    self._keys.inflight(self._model),
-                    self._keys.stats(self._model),
-                    self._keys.workers(self._model),
-                    self._keys.inflight_owners(self._model),
-                ],
-                args=[batch_id, stats_fields.batches(reason), lease_s],
+                keys=[*self._counted_keys(), self._keys.stats(self._model)],
+                args=[lease_s, batch_id, stats_fields.batches(reason)],
             )
         )
+
+    def _counted_keys(self) -> list[str]:
+        """The keys ``count_capacity.lua`` counts, first in both scripts that include it."""
+        return [
+            self._keys.workers(self._model),
+            self._keys.inflight(self._model),
+            self._keys.inflight_owners(self._model),
+        ]
 
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)
