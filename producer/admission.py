@@ -286,11 +286,12 @@ class ProducerCore:
         return groups
 
     def admit_call(
-        self, chunk: Sequence[Prepared], one_by_one: bool = False
+        self, chunk: Sequence[Prepared], one_by_one: bool = False, waiting: bool = False
     ) -> tuple[list[str], list[str | int]]:
         """The keys and args of one admission script call for ``chunk`` (one model, distinct
         ids), in the layout ``admit.lua`` names: admitted all or nothing, or ``one_by_one``
-        (each request on its own, as if submitted alone)."""
+        (each request on its own, as if submitted alone); ``waiting``, this producer's inbox
+        is registered as the waiter of each request enqueued (see ``enqueued``)."""
         model = chunk[0].model
         policy = self.policy(model)
         cached = policy.cache_ttl_s is not None
@@ -306,9 +307,12 @@ class ProducerCore:
             stats_fields.CACHE_HIT,
             stats_fields.CACHE_MISS,
             "1" if one_by_one else "",
+            self.inbox(model) if waiting else "",
         ]
         for item in chunk:
             keys += [item.record_key, item.result_key, self.keys.cache(model, item.digest)]
+            if waiting:
+                keys.append(self.keys.waiters(model, item.request_id))
             args += [item.digest, item.encoded, item.record_ttl_ms]
             args += [cached_result_head(item) if cached else "", item.result_ttl_ms]
         return keys, args
@@ -463,6 +467,16 @@ class ProducerCore:
         for item, reply in zip(chunk, replies, strict=True):
             self.check_admission(item, reply)
         return [item.request_id for item in chunk]
+
+    @staticmethod
+    def enqueued(chunk: Sequence[Prepared], replies: Sequence[Any]) -> set[str]:
+        """The ids of ``chunk`` its admission enqueued (``accepted``): admitted ``waiting``,
+        their answers are pushed to this producer's inbox, with no watch call."""
+        return {
+            item.request_id
+            for item, reply in zip(chunk, replies, strict=True)
+            if reply in ("accepted", b"accepted")
+        }
 
     def watch_call(self, model: str, request_ids: Sequence[str]) -> tuple[list[str], list[str]]:
         """The keys and args of one watch script call for ``request_ids`` of ``model``."""

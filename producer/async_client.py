@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from functools import partial
 from time import monotonic
 from types import TracebackType
@@ -285,17 +285,27 @@ class AsyncProducer:
         prepared = await self._prepare(
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
+        await self._enqueue(model, prepared)
+        return [item.request_id for item in prepared]
+
+    async def _enqueue(
+        self, model: str, prepared: Sequence[Prepared], waiting: bool = False
+    ) -> set[str]:
+        """Admits ``prepared`` chunk by chunk; see ``Producer._enqueue``."""
         accepted: list[str] = []
+        enqueued: set[str] = set()
+        call = partial(self._core.admit_call, waiting=waiting)
         for chunk in self._core.admission_chunks(prepared):
             try:
-                replies = await self._admitted(self._admit, chunk, self._core.admit_call)
+                replies = await self._admitted(self._admit, chunk, call)
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
                 raise
             self._core.submitted(model, ids)
             accepted.extend(ids)
-        return accepted
+            enqueued |= self._core.enqueued(chunk, replies)
+        return enqueued
 
     async def _follow_fleet(self, deadline: float | None = None) -> None:
         """Reads the fleet's model policies when they are due (every few seconds): the first
@@ -367,9 +377,17 @@ class AsyncProducer:
         """Yields each request's final ``Result`` as it completes; see ``Producer.results``.
         With ``cancel_on_exit``, cancelling the task that waits cancels the requests it was
         still waiting for."""
+        async for result in self._answers(request_ids, self._results(request_ids, timeout_s)):
+            yield result
+
+    async def _answers(
+        self, request_ids: Sequence[str], results: AsyncIterator[Result]
+    ) -> AsyncIterator[Result]:
+        """``results`` (of ``request_ids``), each noted answered; with ``cancel_on_exit``,
+        cancelling the task that waits cancels the requests it was still waiting for."""
         waiting = set(request_ids)
         try:
-            async for result in self._results(request_ids, timeout_s):
+            async for result in results:
                 waiting.discard(result.request_id)
                 self._core.answered(result.request_id)
                 yield result
@@ -442,8 +460,12 @@ class AsyncProducer:
                 await self.cancel(request_id)
 
     async def _results(
-        self, request_ids: Sequence[str], timeout_s: float | None
+        self,
+        request_ids: Sequence[str],
+        timeout_s: float | None,
+        admission: Callable[[], Awaitable[set[str]]] | None = None,
     ) -> AsyncIterator[Result]:
+        """``results``; with ``admission``, as ``Producer._results``."""
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
@@ -455,7 +477,8 @@ class AsyncProducer:
         for model, ids in wait.by_model().items():
             self._listener.expect(model, ids, arrived)
         try:
-            async for result in self._stored(wait):
+            enqueued = await admission() if admission is not None else set()
+            async for result in self._stored(wait, enqueued):
                 yield result
             while wait.waiting:
                 try:
@@ -473,10 +496,12 @@ class AsyncProducer:
         finally:
             self._listener.forget(wait.ids, arrived)
 
-    async def _stored(self, wait: ResultWait) -> AsyncIterator[Result]:
+    async def _stored(
+        self, wait: ResultWait, enqueued: Collection[str] = ()
+    ) -> AsyncIterator[Result]:
         """Yields the stored results of the ids ``wait`` still waits for; see
         ``Producer._stored``. Waits of one loop turn share their watch calls."""
-        for model, ids in wait.by_model().items():
+        for model, ids in wait.by_model(skipping=enqueued).items():
             for batch in chunks(ids, self._core.settings.submit_chunk):
                 watch = partial(self._watch_ids, (model, batch))
                 try:
@@ -513,10 +538,12 @@ class AsyncProducer:
         deadline_s: float | None = None,
     ) -> list[Any]:
         """Submits ``inputs`` and returns their outputs in input order; see ``Producer.infer``."""
-        ids = await self.submit_many(model, inputs, deadline_s=deadline_s)
-        by_id = {
-            result.request_id: result async for result in self.results(ids, timeout_s=timeout_s)
-        }
+        prepared = await self._prepare(model, inputs, deadline_s=deadline_s)
+        ids = [item.request_id for item in prepared]
+        self._core.remember(model, ids)
+        admission = partial(self._enqueue, model, prepared, waiting=True)
+        results = self._answers(ids, self._results(ids, timeout_s, admission))
+        by_id = {result.request_id: result async for result in results}
         return [by_id[request_id].unwrap() for request_id in ids]
 
     async def aclose(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from functools import partial
 from queue import Empty, SimpleQueue
 from time import monotonic
@@ -250,17 +250,26 @@ class Producer:
         prepared = self._prepare(
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
+        self._enqueue(model, prepared)
+        return [item.request_id for item in prepared]
+
+    def _enqueue(self, model: str, prepared: Sequence[Prepared], waiting: bool = False) -> set[str]:
+        """Admits ``prepared`` chunk by chunk, as ``submit_many`` says, and returns the ids it
+        enqueued; ``waiting``, with this producer's inbox as their waiter."""
         accepted: list[str] = []
+        enqueued: set[str] = set()
+        call = partial(self._core.admit_call, waiting=waiting)
         for chunk in self._core.admission_chunks(prepared):
             try:
-                replies = self._admitted(self._admit, chunk, self._core.admit_call)
+                replies = self._admitted(self._admit, chunk, call)
                 ids = self._core.check_chunk(chunk, replies)
             except (RequestRejected, BrokerUnavailable) as refusal:
                 refusal.accepted_ids = accepted
                 raise
             self._core.submitted(model, ids)
             accepted.extend(ids)
-        return accepted
+            enqueued |= self._core.enqueued(chunk, replies)
+        return enqueued
 
     def _follow_fleet(self, deadline: float | None = None) -> None:
         """Reads the fleet's model policies when they are due (every few seconds): the first
@@ -412,7 +421,11 @@ class Producer:
             UnknownRequest: an id was never accepted, or its result expired.
             RedisAccessDenied: Redis refused this producer's credentials or commands.
         """
-        for result in self._results(request_ids, timeout_s):
+        yield from self._answers(self._results(request_ids, timeout_s))
+
+    def _answers(self, results: Iterator[Result]) -> Iterator[Result]:
+        """``results``, each noted answered (not to cancel on close)."""
+        for result in results:
             self._core.answered(result.request_id)
             yield result
 
@@ -436,7 +449,15 @@ class Producer:
         self._core.answered(request_id)
         return self._core.read_cancel(request_id, status)
 
-    def _results(self, request_ids: Sequence[str], timeout_s: float | None) -> Iterator[Result]:
+    def _results(
+        self,
+        request_ids: Sequence[str],
+        timeout_s: float | None,
+        admission: Callable[[], set[str]] | None = None,
+    ) -> Iterator[Result]:
+        """``results``; with ``admission``, the requests are admitted once the inbox listener
+        expects them (their answers can come at once), and the ids it returns (enqueued with
+        this producer's inbox as their waiter) need no watch call."""
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
@@ -448,7 +469,8 @@ class Producer:
         for model, ids in wait.by_model().items():
             self._listener.expect(model, ids, arrived)
         try:
-            yield from self._stored(wait)
+            enqueued = admission() if admission is not None else set()
+            yield from self._stored(wait, enqueued)
             while wait.waiting:
                 try:
                     item = arrived.get(timeout=wait.left_s())
@@ -463,11 +485,12 @@ class Producer:
         finally:
             self._listener.forget(wait.ids, arrived)
 
-    def _stored(self, wait: ResultWait) -> Iterator[Result]:
-        """Yields the stored results of the ids ``wait`` still waits for, registering this
-        producer's inbox for the others: one watch call per ``submit_chunk`` ids, each tried
-        until the wait's deadline while Redis cannot be reached."""
-        for model, ids in wait.by_model().items():
+    def _stored(self, wait: ResultWait, enqueued: Collection[str] = ()) -> Iterator[Result]:
+        """Yields the stored results of the ids ``wait`` still waits for, but those just
+        ``enqueued`` waiting, registering this producer's inbox for the others: one watch call
+        per ``submit_chunk`` ids, each tried until the wait's deadline while Redis cannot be
+        reached."""
+        for model, ids in wait.by_model(skipping=enqueued).items():
             for batch in chunks(ids, self._core.settings.submit_chunk):
                 keys, args = self._core.watch_call(model, batch)
                 try:
@@ -510,15 +533,21 @@ class Producer:
         *,
         deadline_s: float | None = None,
     ) -> list[Any]:
-        """Submits ``inputs`` and returns their outputs in input order.
+        """Submits ``inputs`` and returns their outputs in input order, waiting at most
+        ``timeout_s`` from the call (the submit included). The requests are admitted with
+        this producer as their waiter, so their answers come without a watch round trip.
 
         Raises:
             RequestFailed: (a subclass) the first failed request's error.
             RequestRejected, BrokerUnavailable: as ``submit_many``.
             ResultTimeout, UnknownRequest, RedisAccessDenied: as ``results``.
         """
-        ids = self.submit_many(model, inputs, deadline_s=deadline_s)
-        by_id = {result.request_id: result for result in self.results(ids, timeout_s=timeout_s)}
+        prepared = self._prepare(model, inputs, deadline_s=deadline_s)
+        ids = [item.request_id for item in prepared]
+        self._core.remember(model, ids)
+        admission = partial(self._enqueue, model, prepared, waiting=True)
+        results = self._answers(self._results(ids, timeout_s, admission))
+        by_id = {result.request_id: result for result in results}
         return [by_id[request_id].unwrap() for request_id in ids]
 
     def close(self) -> None:

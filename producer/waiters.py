@@ -9,7 +9,7 @@ so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from time import monotonic
 from typing import Protocol
 
@@ -95,11 +95,12 @@ class ResultWait:
         self.deadline = monotonic() + timeout_s
         self.models: dict[str, str] = {}
 
-    def by_model(self) -> dict[str, list[str]]:
-        """The ids still unanswered, in the order asked, by model."""
+    def by_model(self, skipping: Collection[str] = ()) -> dict[str, list[str]]:
+        """The ids still unanswered, in the order asked, by model; none of ``skipping``."""
         groups: dict[str, list[str]] = {}
         for request_id in self.still_waiting():
-            groups.setdefault(self.models[request_id], []).append(request_id)
+            if request_id not in skipping:
+                groups.setdefault(self.models[request_id], []).append(request_id)
         return groups
 
     def left_s(self) -> float:

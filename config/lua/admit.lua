@@ -7,18 +7,22 @@
 -- The ids of one call are distinct. Otherwise each id is deduplicated by its
 -- record, an input the model's response cache holds for its current version is answered at
 -- once without entering the queue ('cached'), and the rest are appended to the stream
--- ('accepted'). Returns one status per request, in order.
+-- ('accepted'). With an inbox, the producer that will wait for the answers is registered as a
+-- waiter of each request this call enqueues (as watch.lua would), so it need not watch them.
+-- Returns one status per request, in order.
 -- A request's record holds 'digest:entry id:model' while it is queued ('digest' alone for a
 -- cache hit): the digest makes resubmission idempotent, the entry lets cancel find it.
 -- A cache entry holds '<version's byte length>:<version><output JSON>' (config.schema's
 -- cache_entry): it answers only while that version is the model's current one.
 
+local inbox = ARGV[11]  -- the waiting producer's inbox; '' for none
 local stream = KEYS[1]
 local stats = KEYS[2]
 local version_key = KEYS[3]
--- Then REQUEST_KEYS keys per request: its record, its result, its cache entry.
-local HEADER_KEYS, REQUEST_KEYS = 3, 3
-local RECORD, RESULT, CACHE_ENTRY = 1, 2, 3
+-- Then REQUEST_KEYS keys per request: its record, its result, its cache entry (and its
+-- waiters, with an inbox).
+local HEADER_KEYS, REQUEST_KEYS = 3, (inbox ~= '' and 4 or 3)
+local RECORD, RESULT, CACHE_ENTRY, WAITERS = 1, 2, 3, 4
 
 local max_queue_len = tonumber(ARGV[1])
 local stream_field = ARGV[2]
@@ -33,7 +37,7 @@ local one_by_one = ARGV[10] == '1'
 -- Then REQUEST_ARGS args per request: its digest, its request JSON, its record's TTL (ms), the
 -- start of its result when answered from the cache (this script appends the model version
 -- and the output; '' for a model without a cache), its result's TTL (ms).
-local HEADER_ARGS, REQUEST_ARGS = 10, 5
+local HEADER_ARGS, REQUEST_ARGS = 11, 5
 local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD, RESULT_TTL_MS = 1, 2, 3, 4, 5
 
 local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * REQUEST_KEYS + which] end
@@ -104,6 +108,10 @@ for n, status in ipairs(statuses) do
     local entry = redis.call('XADD', stream, '*', stream_field, arg(n, REQUEST_JSON))
     local record = arg(n, DIGEST) .. ':' .. entry .. ':' .. model
     redis.call('SET', key(n, RECORD), record, 'PX', arg(n, RECORD_TTL_MS))
+    if inbox ~= '' then
+      redis.call('SADD', key(n, WAITERS), inbox)
+      redis.call('PEXPIRE', key(n, WAITERS), arg(n, RECORD_TTL_MS))
+    end
     statuses[n] = 'accepted'
     accepted = accepted + 1
   end

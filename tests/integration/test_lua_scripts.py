@@ -65,7 +65,9 @@ def core(settings: Settings) -> ProducerCore:
     return ProducerCore(settings)
 
 
-def admit(client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared]) -> list[str]:
+def admit(
+    client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared], waiting: bool = False
+) -> list[str]:
     """The admission script's statuses for ``chunk``, called as the producer calls it: the
     callers' ids claimed first in the index of ids."""
     claim = lua.register(client, "claim_request_id")
@@ -74,7 +76,10 @@ def admit(client: redis.Redis, core: ProducerCore, chunk: Sequence[Prepared]) ->
     assert {to_text(owner) for owner in owners.values()} <= {MODEL}
     script = lua.register(client, "admit")
     admission = partial(
-        core.queue_admission, script=script, call=core.admit_call(chunk), replica_wait=None
+        core.queue_admission,
+        script=script,
+        call=core.admit_call(chunk, waiting=waiting),
+        replica_wait=None,
     )
     replies = lua.execute(client, admission, [script])
     statuses = core.admission_statuses([None] * len(chunk), replies, None)
@@ -274,6 +279,28 @@ def test_admit_withholds_a_cache_hit_of_a_refused_chunk(
 
 
 # WATCH
+
+
+def test_admit_for_a_waiting_producer_makes_it_the_waiter_of_what_it_enqueues(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """Admitted ``waiting`` (``infer``), each request enqueued has the producer's inbox as its
+    waiter, as long as its record, and its answer is pushed there with no watch call; a
+    request already queued does not (the producer watches it)."""
+    queued = prepare(core, "a", ids=["queued"])
+    admit(store, core, queued)
+    chunk = [*prepare(core, "a", ids=["queued"]), *prepare(core, "b")]
+    statuses = admit(store, core, chunk, waiting=True)
+    assert statuses == ["duplicate", "accepted"]
+    fresh = chunk[1]
+    assert core.enqueued(chunk, statuses) == {fresh.request_id}
+    assert store.smembers(keys.waiters(MODEL, fresh.request_id)) == {core.inbox(MODEL).encode()}
+    assert 0 < store.pttl(keys.waiters(MODEL, fresh.request_id)) <= fresh.record_ttl_ms
+    assert not store.exists(keys.waiters(MODEL, "queued"))
+
+    ResultWriter(store, keys, MODEL).finalize([answer(fresh, entry_of(store, fresh))])
+    (pushed,) = store.lrange(core.inbox(MODEL), 0, -1)
+    assert Result.decode(pushed).output == ["out", "b"]
 
 
 def test_watch_answers_done_pending_or_unknown(
