@@ -15,7 +15,9 @@ or an unreachable Redis, ``Retry-After``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -91,3 +93,22 @@ def api_error(exc: BatchfleetError | UnfitOutput) -> ApiError:
         return ApiError(500, message, "model_error", type=SERVER_ERROR)
     code = exc.code if isinstance(exc, RequestFailed) else type(exc).__name__
     return ApiError(500, message, code, type=SERVER_ERROR)
+
+
+def as_api_error(exc: Exception) -> ApiError | None:
+    """The HTTP answer to what a route raised: its own ``ApiError``, or the fleet's refusal
+    or failure; None for anything else (a bug, answered 500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, BatchfleetError | UnfitOutput):
+        return api_error(exc)
+    return None
+
+
+def invalid_request(errors: Sequence[Mapping[str, Any]], fallback: str) -> ApiError:
+    """The 400 for a body that failed validation: its first error (pydantic's), named by the
+    field's path; ``fallback`` for a failure with no error listed."""
+    first = errors[0] if errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ())) or None
+    message = f"{where}: {first.get('msg')}" if where else str(first.get("msg", fallback))
+    return ApiError(400, message, "invalid_request", where)
