@@ -1,7 +1,7 @@
 """The gateway's ASGI application: routes, the guards (API key, body cap) and metrics around
 them, and one ``AsyncProducer`` for its lifetime. ``POST /v1/embeddings`` is served by its
-own lane in front of FastAPI (``embeddings.EmbeddingsLane``), FastAPI the rest. It keeps no state of its own: run as many
-as you like behind a load balancer.
+own lane in front of FastAPI (``embeddings.EmbeddingsLane``), FastAPI the rest. It keeps no
+state of its own: run as many as you like behind a load balancer.
 
 Routes: ``POST /v1/embeddings``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``, the Batch API (``batches``, where the gateway has a files folder),
