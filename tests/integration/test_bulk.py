@@ -18,6 +18,7 @@ import redis
 from config.keys import Keys
 from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
+from workers.tools.bulk import BATCH_EXPIRED, JobOptions, run_file
 
 from .conftest import producer_for, settings_for, takes_ctrl_c, wait_ready
 from .test_cli import row, run_cli
@@ -167,3 +168,31 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes_without_running_anything_twice
     assert f"{answered_first} skipped" in again.stdout
     stats = fleet_stats(fleet)
     assert stats["accepted"] == 400 + 1, "a request was enqueued twice"  # + wait_ready's
+
+
+def test_a_job_whose_window_ends_sends_no_more_and_ends_every_line(
+    make_fleet: Callable[..., LocalFleet], tmp_path: Path
+) -> None:
+    """A job whose window ends while it runs (a Batch API job's 24 h, here a second) on a
+    model nobody serves, with room for one request: it sends the first line and waits for
+    room for the next. Once the window has passed it sends no more: the request it sent is
+    cancelled and each line never sent gets a ``batch_expired`` error line (the first too,
+    on a machine too busy to send it within the second). Every line ends once, nothing
+    stays queued, and the report says the job expired."""
+    fleet = make_fleet(BATCHFLEET_MODELS=json.dumps({"held": {"max_queue_len": 1}}))
+    source = tmp_path / "requests.jsonl"
+    output, errors = tmp_path / "results.jsonl", tmp_path / "errors.jsonl"
+    source.write_text(
+        "".join(json.dumps({"custom_id": f"h{n}", "input": n}) + "\n" for n in range(3))
+    )
+    options = JobOptions(job_id="windowed", window=1, expires_at=time.time() + 1)
+    with producer_for(fleet) as producer:
+        report = run_file(producer, "held", source, output, errors, options, lambda _: None)
+    codes = {record["custom_id"]: record["error"]["code"] for record in read_jsonl(errors)}
+    assert codes.pop("h0") in ("cancelled", BATCH_EXPIRED)
+    assert codes == {"h1": BATCH_EXPIRED, "h2": BATCH_EXPIRED}
+    assert read_jsonl(output) == []
+    assert report.expired
+    settings = settings_for(fleet.env)
+    with redis.Redis.from_url(settings.redis_url.get_secret_value()) as client:
+        assert client.xlen(Keys(settings.key_prefix).stream("held")) == 0

@@ -551,14 +551,24 @@ def test_a_job_whose_gateway_dies_is_resumed_by_another_and_answered_once(
     assert ended.request_counts.completed == RESUMED_LINES
 
 
-def test_a_batch_cancelled_while_no_gateway_runs_it_ends_what_was_sent(
-    make_fleet: Callable[..., LocalFleet], tmp_path: Path
+# How a job whose gateway is down is ended: the line errors the next gateway writes.
+ENDED_WHILE_DOWN = {
+    "cancelled": {"h0": "cancelled"},
+    "expired": {"h0": "cancelled", "h1": "batch_expired", "h2": "batch_expired"},
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDED_WHILE_DOWN))
+def test_a_batch_ended_while_no_gateway_runs_it_ends_what_was_sent(
+    make_fleet: Callable[..., LocalFleet], tmp_path: Path, ending: str
 ) -> None:
     """Gateway A runs a job whose model nobody serves (one request queued, the rest waiting
-    for room) and is killed; the job is cancelled while no gateway runs it. Gateway B takes
-    it over when A's lease runs out and ends it: the request A had sent is cancelled (a
-    ``cancelled`` error line) and the job ends ``cancelled``; the lines never sent stay
-    unwritten."""
+    for room) and is killed; while no gateway runs it, the job is cancelled, or its 24 h
+    window ends (its ``expires_at`` set to now, as the clock would). Gateway B takes it
+    over when A's lease runs out and ends it: the request A had sent is cancelled (a
+    ``cancelled`` error line). Cancelled, the job ends ``cancelled`` and the lines never sent
+    stay unwritten; expired, it ends ``expired`` and each line never sent gets a
+    ``batch_expired`` error line, as OpenAI's do."""
     gateway_env = {
         "BATCHFLEET_MODELS": json.dumps({"held": IDLE_POLICY}),
         "BATCHFLEET_GATEWAY__API_KEYS": API_KEY,
@@ -585,12 +595,18 @@ def test_a_batch_cancelled_while_no_gateway_runs_it_ends_what_was_sent(
             assert time.monotonic() < deadline, "the job sent nothing"
             time.sleep(0.05)  # polls for the job's first request, the event to kill after
         first.stop(first.processes[0], signal.SIGKILL)
-        # What a gateway's cancel route does, here with no gateway up to take the job.
-        assert BatchStore(redis_client, keys, lease_s=2).cancel(batch.id)
+        if ending == "cancelled":  # what a gateway's cancel route does, with no gateway up
+            assert BatchStore(redis_client, keys, lease_s=2).cancel(batch.id)
+        else:
+            redis_client.hset(keys.gateway_batch(batch.id), "expires_at", int(time.time()))
     with openai.OpenAI(base_url=f"{start_gateway(second)}/v1", api_key=API_KEY) as client:
         ended = wait_for_batch(client, batch.id, ENDED)
-        assert ended.status == "cancelled", f"{ended}\n{second.logs()}"
-        (error,) = lines_of(client, ended.error_file_id)
-        assert error["custom_id"] == "h0" and error["error"]["code"] == "cancelled"
-        assert ended.request_counts.failed == 1
+        assert ended.status == ending, f"{ended}\n{second.logs()}"
+        errors = lines_of(client, ended.error_file_id)
+        assert {error["custom_id"]: error["error"]["code"] for error in errors} == (
+            ENDED_WHILE_DOWN[ending]
+        )
+        assert ended.request_counts.failed == len(ENDED_WHILE_DOWN[ending])
+        assert ended.request_counts.completed == 0
         assert lines_of(client, ended.output_file_id) == []
+        assert (ended.expired_at is not None) == (ending == "expired")

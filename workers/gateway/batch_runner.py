@@ -172,7 +172,7 @@ def run_job(
 
     options = JobOptions(
         job_id=batch_id,
-        deadline_s=max(1.0, int(job["expires_at"]) - time.time()),
+        expires_at=float(job["expires_at"]),
         line_format=OpenAILines(job["endpoint"], job["model"]),
         keep_going=lambda: not stop.is_set() and not cancelled(),
         # Cancelled while no gateway ran it: end what the last runner had sent.
@@ -184,13 +184,14 @@ def run_job(
     store.update(batch_id, **_counts(report))
     if stop.is_set() and not cancelled():
         return
-    _finish(store, files, batch_id, job, cancelled())
+    ending = "cancelled" if cancelled() else "expired" if report.expired else "completed"
+    _finish(store, files, batch_id, job, ending)
 
 
 def _finish(
-    store: BatchStore, files: FileStore, batch_id: str, job: dict[str, Any], cancelled: bool
+    store: BatchStore, files: FileStore, batch_id: str, job: dict[str, Any], ending: str
 ) -> None:
-    """Makes the job's output and error lines files, and ends it."""
+    """Makes the job's output and error lines files, and ends it ``ending``."""
     store.stamp(batch_id, "finalizing")
     ended: dict[str, str] = {}
     for work, name, suffix in (
@@ -203,4 +204,4 @@ def _finish(
             files.register(job[work], f"{batch_id}_{suffix}.jsonl", "batch_output")
             ended[name] = job[work]
     store.update(batch_id, **ended)
-    store.stamp(batch_id, "cancelled" if cancelled else "completed")
+    store.stamp(batch_id, ending)

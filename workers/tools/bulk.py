@@ -5,7 +5,8 @@ business. A rerun of a job never runs a request twice: lines already answered in
 or errors file are skipped, and requests still in the fleet from an interrupted run are
 waited for, not sent again. The file streams through in waves of ``window`` lines (two in
 flight); memory holds those waves and a 64-bit hash of each line's custom_id. Each request
-may wait ``DEADLINE_S`` (24 h) in the queue: a bulk job is not interactive.
+may wait ``DEADLINE_S`` (24 h) in the queue: a bulk job is not interactive. A job with a
+window (``JobOptions.expires_at``, a Batch API job's) sends nothing once it has passed.
 
 Output lines: ``{"custom_id", "output"}``; error lines (in a file of their own):
 ``{"custom_id", "line", "error": {"code", "message"}}``, ``custom_id`` null for a line that
@@ -16,6 +17,7 @@ of requests sent by an earlier run are written but not timed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 import time
@@ -62,6 +64,10 @@ WINDOW = 2048
 SAMPLES_KEPT = 10_000
 DEADLINE_S = 24 * 3600.0
 QUEUE_FULL_BACKOFF_S = (0.05, 2.0)
+# The least a request sent just before its job's window ends may wait.
+MIN_DEADLINE_S = 1.0
+# The error line of a line the job's window ended before it was sent (OpenAI's code).
+BATCH_EXPIRED = "batch_expired"
 # A wave's answers are waited for in slices this long, to see between them whether to stop.
 COLLECT_SLICE_S = 5.0
 
@@ -80,6 +86,7 @@ class BulkReport:
     errors: dict[str, int] = field(default_factory=dict)
     errors_earlier: int = 0
     interrupted: bool = False
+    expired: bool = False  # the job's window ended with lines of it never sent
     tokens: int = 0
     answered: int = 0
     completed: int = 0
@@ -183,6 +190,10 @@ class JobOptions:
     # The job was stopped for good before this run (a batch cancelled while no gateway ran
     # it): this run sends nothing, and ends what earlier runs sent (``BulkJob.wind_down``).
     wind_down: bool = False
+    # The end of the job's window (``time.time()``; None for none): no request waits past it,
+    # and once it has passed nothing more is sent; the job winds down, each line never sent
+    # getting a ``batch_expired`` error line.
+    expires_at: float | None = None
 
 
 class BulkJob:
@@ -204,6 +215,7 @@ class BulkJob:
         self._report = report
         self._options = options
         self._started_at = time.time()
+        self._unsent: list[Line] = []  # lines of a wave that stopped before they were sent
 
     def run(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
         """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
@@ -212,30 +224,60 @@ class BulkJob:
             return
         previous: dict[str, tuple[Line, float]] = {}
         while True:
-            going = self._options.keep_going()
+            going = self._going()
             wave = self._submit(self._next_wave(lines, on_answer), on_answer) if going else {}
             if previous:
                 self._collect(previous, on_answer)
             if not wave:
-                return
+                break
             previous = wave
+        if self._window_passed() and self._options.keep_going():
+            self.wind_down(itertools.chain(self._unsent, lines), on_answer, expired=True)
 
-    def wind_down(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
+    def wind_down(
+        self, lines: Iterator[Line | BadLine], on_answer: Any, expired: bool = False
+    ) -> None:
         """Sends nothing: cancels the request an earlier run sent for each of ``lines`` (those
         not yet answered) and writes what each ends with (``cancelled``, or its answer where
-        it had one or was already running); a line never sent stays unwritten."""
+        it had one or was already running). A line never sent stays unwritten; ``expired``
+        (the job's window has passed), it gets its error line, ``batch_expired`` (or its own,
+        for a line that could not be read), and the report says the job expired."""
         sent: dict[str, tuple[Line, float]] = {}
         for line in lines:
+            self._report.expired |= expired
             if isinstance(line, BadLine):
+                if expired:
+                    self._write_error(line.custom_id, line.number, line.code, line.message)
+                    on_answer()
                 continue
             request_id = request_id_for(self._model, self._options.job_id, line.custom_id)
             try:
                 self._producer.cancel(request_id)
-            except UnknownRequest:
-                continue  # never sent (or its result is gone)
+            except UnknownRequest:  # never sent (or its result is gone)
+                if expired:
+                    message = "the batch's completion window ended before this line was sent"
+                    self._write_error(line.custom_id, line.number, BATCH_EXPIRED, message)
+                    on_answer()
+                continue
             sent[request_id] = (line, time.monotonic())
         if sent:
             self._collect(sent, on_answer)
+
+    def _going(self) -> bool:
+        """Whether to send more: the job is not told to stop, and its window is open."""
+        return self._options.keep_going() and not self._window_passed()
+
+    def _window_passed(self) -> bool:
+        expires_at = self._options.expires_at
+        return expires_at is not None and time.time() >= expires_at
+
+    def _deadline_s(self) -> float:
+        """How long a request sent now may wait: the job's ``deadline_s``, ending no later
+        than its window (but at least ``MIN_DEADLINE_S``)."""
+        expires_at = self._options.expires_at
+        if expires_at is None:
+            return self._options.deadline_s
+        return max(MIN_DEADLINE_S, min(self._options.deadline_s, expires_at - time.time()))
 
     def _next_wave(self, lines: Iterator[Line | BadLine], on_answer: Any) -> list[Line]:
         wave: list[Line] = []
@@ -259,7 +301,9 @@ class BulkJob:
         self, wave: Sequence[Line], on_answer: Callable[[], None]
     ) -> dict[str, tuple[Line, float]]:
         """Enqueues ``wave`` with its lines' request ids, waiting for room when the queue is
-        full; returns the submitted lines by request id, with when each was sent."""
+        full, until the job is told to stop or its window passes (the lines not sent then are
+        kept in ``_unsent``); returns the submitted lines by request id, with when each was
+        sent."""
         job_id = self._options.job_id
         pending = {request_id_for(self._model, job_id, line.custom_id): line for line in wave}
         sent: dict[str, tuple[Line, float]] = {}
@@ -272,12 +316,13 @@ class BulkJob:
                     self._model,
                     [pending[rid].input for rid in ids],
                     request_ids=ids,
-                    deadline_s=self._options.deadline_s,
+                    deadline_s=self._deadline_s(),
                 )
             except QueueFull as full:
                 accepted = full.accepted_ids
-                if not self._options.keep_going():
-                    pending = {rid: pending[rid] for rid in accepted}  # the rest is never sent
+                if not self._going():  # the rest is never sent
+                    self._unsent += [line for rid, line in pending.items() if rid not in accepted]
+                    pending = {rid: pending[rid] for rid in accepted}
                 else:
                     time.sleep(backoff_s)
                     backoff_s = min(backoff_s * 2, QUEUE_FULL_BACKOFF_S[1])
@@ -294,8 +339,8 @@ class BulkJob:
 
     def _collect(self, wave: dict[str, tuple[Line, float]], on_answer: Any) -> None:
         """Writes each answer of ``wave`` as it comes, however long the wave takes (each
-        request ends by its deadline); once the job is told to stop, what it still waits
-        for is cancelled, and written as cancelled."""
+        request ends by its deadline); once the job is told to stop, or its window has
+        passed, what it still waits for is cancelled, and written as cancelled."""
         pending = list(wave)
         while pending:
             try:
@@ -309,7 +354,7 @@ class BulkJob:
                 return
             except ResultTimeout as waited:
                 pending = waited.pending_ids
-            if not self._options.keep_going():
+            if not self._going():
                 for request_id in pending:
                     with contextlib.suppress(UnknownRequest):
                         self._producer.cancel(request_id)
