@@ -1,14 +1,16 @@
 """The pipeline's own CPU cost: CPU seconds of every process per request and per batch.
 
 Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
-     [--base-ms 2] [--per-item-ms 0.02]
+     [--base-ms 2] [--per-item-ms 0.02] [--infer]
 For each max batch size it starts a private fleet (its own redis-server, a batcher, one CPU
 worker serving the synthetic model), sends the requests with ``Producer.submit_many`` and
-collects them with ``results``, and reads the CPU time (user + system) each process used
-meanwhile from ``/proc`` (this process's own for the producer). It prints µs per request and
-ms per batch by process, then the Redis commands each batch cost (``INFO commandstats``: a
-script's own commands count too, under their names). The synthetic model sleeps, so its model
-time costs no CPU: what is left is the pipeline's.
+collects them with ``results`` (with ``--infer``: one ``Producer.infer`` call, whose
+admission makes the producer the requests' waiter, with no watch call), and reads the CPU
+time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
+producer). It prints µs per request and ms per batch by process, then the Redis commands
+each batch cost (``INFO commandstats``: a script's own commands count too, under their
+names). The synthetic model sleeps, so its model time costs no CPU: what is left is the
+pipeline's.
 """
 
 from __future__ import annotations
@@ -97,13 +99,14 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, fl
             calls_before = command_calls(server)
             batches_before = batches_sent(fleet)
             started = time.monotonic()
+            inputs = [f"request {n}" for n in range(args.requests)]
             with Producer(fleet.settings) as producer:
-                ids = producer.submit_many(
-                    "synthetic", [f"request {n}" for n in range(args.requests)]
-                )
-                for result in producer.results(ids):
-                    if result.error is not None:
-                        raise SystemExit(f"request failed: {result.error}")
+                if args.infer:
+                    producer.infer("synthetic", inputs)  # raises a request's error
+                else:
+                    for result in producer.results(producer.submit_many("synthetic", inputs)):
+                        if result.error is not None:
+                            raise SystemExit(f"request failed: {result.error}")
             elapsed_s = time.monotonic() - started
             used = {name: read() - before[name] for name, read in readers.items()}
             used["batches"] = batches_sent(fleet) - batches_before
@@ -119,11 +122,13 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--base-ms", type=float, default=2.0)
     parser.add_argument("--per-item-ms", type=float, default=0.02)
+    parser.add_argument("--infer", action="store_true", help="send and collect with infer")
     args = parser.parse_args()
     roles = ("batcher", "worker", "redis-server", "producer")
     print(
         f"{args.requests} requests, synthetic model {args.base_ms} ms + {args.per_item_ms} "
-        "ms/item, one CPU worker; CPU (user + system) by process"
+        "ms/item, one CPU worker; CPU (user + system) by process; "
+        + ("Producer.infer" if args.infer else "Producer.submit_many, then results")
     )
     print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
