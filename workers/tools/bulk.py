@@ -218,7 +218,8 @@ class BulkJob:
         self._unsent: list[Line] = []  # lines of a wave that stopped before they were sent
 
     def run(self, lines: Iterator[Line | BadLine], on_answer: Any) -> None:
-        """Submits ``lines`` wave by wave, collecting each wave while the next one runs."""
+        """Submits ``lines`` wave by wave, collecting each wave while the next one runs; once
+        the job's window has passed, winds down the lines left (``wind_down``, expired)."""
         if self._options.wind_down:
             self.wind_down(lines, on_answer)
             return
