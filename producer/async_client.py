@@ -304,7 +304,8 @@ class AsyncProducer:
                 raise
             self._core.submitted(model, ids)
             accepted.extend(ids)
-            enqueued |= self._core.enqueued(chunk, replies)
+            if waiting:
+                enqueued |= self._core.enqueued(chunk, replies)
         return enqueued
 
     async def _follow_fleet(self, deadline: float | None = None) -> None:

@@ -254,8 +254,8 @@ class Producer:
         return [item.request_id for item in prepared]
 
     def _enqueue(self, model: str, prepared: Sequence[Prepared], waiting: bool = False) -> set[str]:
-        """Admits ``prepared`` chunk by chunk, as ``submit_many`` says, and returns the ids it
-        enqueued; ``waiting``, with this producer's inbox as their waiter."""
+        """Admits ``prepared`` chunk by chunk, as ``submit_many`` says; ``waiting``, with this
+        producer's inbox as the waiter of each request it enqueues, whose ids it returns."""
         accepted: list[str] = []
         enqueued: set[str] = set()
         call = partial(self._core.admit_call, waiting=waiting)
@@ -268,7 +268,8 @@ class Producer:
                 raise
             self._core.submitted(model, ids)
             accepted.extend(ids)
-            enqueued |= self._core.enqueued(chunk, replies)
+            if waiting:
+                enqueued |= self._core.enqueued(chunk, replies)
         return enqueued
 
     def _follow_fleet(self, deadline: float | None = None) -> None:
