@@ -73,7 +73,7 @@ process running it, which renews it while it runs: another gateway resumes a job
 ran out.
 
 The consumer group on each request stream is ``batchers``; Celery's queue for a model is
-``bf.{model}`` (kombu keeps its own keys under that name).
+``bf.{m:MODEL}``, in the model's slot (kombu keeps its own keys under that name).
 """
 
 from __future__ import annotations
@@ -227,5 +227,6 @@ class Keys:
         return f"{self.prefix}:gw:lease:{batch_id}"
 
     def celery_queue(self, model: str) -> str:
-        """The Celery queue that carries the model's batches."""
-        return f"{self.prefix}.{model}"
+        """The Celery queue that carries the model's batches; on the fleet's Redis, in the
+        model's hash slot, as the dispatch script that pushes onto it needs."""
+        return f"{self.prefix}.{{m:{model}}}"

@@ -1,17 +1,24 @@
 -- Records a batch as in flight, scored by its dispatch time (Redis server time), and counts
--- it by flush reason in the model's stats. Returns the capacity left (count_capacity.lua),
--- which the batcher's next decision uses instead of asking again.
+-- it by flush reason in the model's stats. Given the batch's Celery message, also pushes it
+-- onto the batch queue, as kombu's Redis transport does (workers/protocol/task_message.py):
+-- the batch is sent in the round trip that records it. Returns the capacity left
+-- (count_capacity.lua), which the batcher's next decision uses instead of asking again.
 --#include count_capacity.lua
 
 local workers = KEYS[1]
 local inflight = KEYS[2]
 local inflight_owners = KEYS[3]
 local stats = KEYS[4]
+local batch_queue = KEYS[5]  -- only with a message: the model's Celery queue
 
 local lease_s = tonumber(ARGV[1])
 local batch_id = ARGV[2]
 local reason_field = ARGV[3]  -- the stats field counting batches sent for this reason
+local message = ARGV[4]  -- the batch's Celery message, or none: the batcher sends it itself
 
 redis.call('ZADD', inflight, server_now(), batch_id)
 redis.call('HINCRBY', stats, reason_field, 1)
+if message then
+  redis.call('LPUSH', batch_queue, message)
+end
 return count_capacity(workers, inflight, inflight_owners, lease_s)

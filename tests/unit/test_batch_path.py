@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+from pydantic import SecretStr
 
 from config.batch_task import BatchTask
 from config.keys import CONSUMER_GROUP, Keys, device_consumer
@@ -30,13 +32,38 @@ STREAM = KEYS.stream("synthetic")
 
 
 class RecordingCelery:
-    """Stands in for the Celery app: records the batches the batcher publishes."""
+    """Stands in for the Celery app and its broker: the batches a batcher sent, oldest first.
 
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+    Given the fleet's fakeredis, it reads the messages the dispatch script pushed onto the
+    model's queue there (the broker is the fleet's Redis); else it records ``send_task``
+    calls (a broker of its own)."""
+
+    def __init__(self, client: fakeredis.FakeRedis | None = None, model: str = "synthetic") -> None:
+        self._client = client
+        self._queue = KEYS.celery_queue(model)
+        self._called: list[dict[str, Any]] = []
 
     def send_task(self, name: str, args: list[Any], queue: str, argsrepr: str) -> None:
-        self.sent.append({"name": name, "args": args, "queue": queue, "argsrepr": argsrepr})
+        self._called.append({"name": name, "args": args, "queue": queue, "argsrepr": argsrepr})
+
+    @property
+    def sent(self) -> list[dict[str, Any]]:
+        if self._client is None:
+            return list(self._called)
+        queued = self._client.lrange(self._queue, 0, -1)
+        return [sent_task(message) for message in reversed(queued)]
+
+
+def sent_task(message: bytes) -> dict[str, Any]:
+    """A task message on a kombu Redis queue, as ``send_task``'s arguments (and its name)."""
+    envelope = json.loads(message)
+    args, _, _ = json.loads(base64.b64decode(envelope["body"]))
+    return {
+        "name": envelope["headers"]["task"],
+        "args": args,
+        "queue": envelope["properties"]["delivery_info"]["routing_key"],
+        "argsrepr": envelope["headers"]["argsrepr"],
+    }
 
 
 class FailingModel:
@@ -75,8 +102,8 @@ class PoisonModel(FailingModel):
 
 
 @pytest.fixture
-def celery() -> RecordingCelery:
-    return RecordingCelery()
+def celery(fake_redis: fakeredis.FakeRedis) -> RecordingCelery:
+    return RecordingCelery(fake_redis)
 
 
 def new_batcher(
@@ -123,7 +150,7 @@ def test_full_batch_becomes_one_celery_task(
     batcher.step()
     assert len(celery.sent) == 1
     task = celery.sent[0]
-    assert task["queue"] == "bf.synthetic"
+    assert task["queue"] == "bf.{m:synthetic}"
     model, _, entries, reason = task["args"]
     assert reason == "size"
     assert model == "synthetic"
@@ -265,7 +292,7 @@ def fleet_of_backend(
         models={"synthetic": ModelPolicy(backend=backend, max_batch_size=4)}, **settings
     )
     listen = fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
-    celery = RecordingCelery()
+    celery = RecordingCelery(client)
     batcher = new_batcher(settings, client, celery)
     runtime = WorkerRuntime(settings, "w1", "cpu", ["synthetic"], client=client)
     with Producer(settings, client=client, listen_client=listen) as producer:
@@ -520,8 +547,8 @@ def test_each_request_of_a_redelivered_batch_is_answered_before_the_next_runs(
 
 
 class RestartingRedisCelery(RecordingCelery):
-    """Records batches. At the first, Redis restarts empty and a new request arrives; at the
-    second, the batcher's loop is stopped."""
+    """Records batches sent to a broker of their own. At the first, the fleet's Redis
+    restarts empty and a new request arrives; at the second, the batcher's loop is stopped."""
 
     def __init__(self, stop: threading.Event, restart: Callable[[], None]) -> None:
         super().__init__()
@@ -550,7 +577,8 @@ def test_a_batcher_starts_over_when_redis_comes_back_empty(
         after.extend(producer.submit_many("synthetic", ["after the restart"]))
 
     celery = RestartingRedisCelery(stop, restart_empty)
-    batcher = new_batcher(settings, fake_redis, celery)
+    own_broker = settings.model_copy(update={"broker_url": SecretStr("redis://broker:6379/0")})
+    batcher = new_batcher(own_broker, fake_redis, celery)
     add_worker(fake_redis)
     producer.submit_many("synthetic", ["before"])
     loop = threading.Thread(target=batcher.run, args=(stop,))

@@ -18,7 +18,7 @@ from workers.batcher.model_batcher import ModelBatcher
 from workers.models.registry import cost_function
 from workers.protocol.capacity import FleetState, worker_member
 
-from .test_batch_path import new_batcher
+from .test_batch_path import RecordingCelery, new_batcher
 
 KEYS = Keys("bf")
 
@@ -38,25 +38,19 @@ class WordsModel:
         return list(batch)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.sent: list[list[Any]] = []
-
-    def send_task(self, name: str, args: list[Any], queue: str, argsrepr: str) -> None:
-        self.sent.append(args)
-
-
-def batched_inputs(args: list[Any]) -> list[Any]:
-    return [Request.decode(raw).input for _, raw in args[2]]
+def batched_inputs(task: dict[str, Any]) -> list[Any]:
+    return [Request.decode(raw).input for _, raw in task["args"][2]]
 
 
 @pytest.fixture
-def fleet(fake_redis: fakeredis.FakeRedis) -> tuple[Settings, ModelBatcher, Recorder, Producer]:
+def fleet(
+    fake_redis: fakeredis.FakeRedis,
+) -> tuple[Settings, ModelBatcher, RecordingCelery, Producer]:
     policy = ModelPolicy(
         backend=f"{__name__}:WordsModel", max_batch_size=3, max_batch_cost=12, group_by_cost=True
     )
     settings = Settings(models={"words": policy})
-    recorder = Recorder()
+    recorder = RecordingCelery(fake_redis, "words")
     batcher = new_batcher(settings, fake_redis, recorder, "words")
     FleetState(fake_redis, KEYS, "words").heartbeat(worker_member("w1", 1), 30)
     listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
@@ -64,7 +58,7 @@ def fleet(fake_redis: fakeredis.FakeRedis) -> tuple[Settings, ModelBatcher, Reco
 
 
 def test_the_batcher_groups_by_cost_within_the_budget(
-    fleet: tuple[Settings, ModelBatcher, Recorder, Producer],
+    fleet: tuple[Settings, ModelBatcher, RecordingCelery, Producer],
 ) -> None:
     """The oldest input leaves with the ones nearest its cost, and the padded cost of a batch
     (longest x size) stays under max_batch_cost."""
@@ -74,11 +68,11 @@ def test_the_batcher_groups_by_cost_within_the_budget(
     batcher.step()  # dispatches
     (first,) = recorder.sent
     assert batched_inputs(first) == ["a b c d", "e f g h", "i j k l"]  # 3 x 4 = 12
-    assert first[3] == "size"
+    assert first["args"][3] == "size"
 
 
 def test_an_input_over_the_budget_alone_is_answered_invalid_input(
-    fleet: tuple[Settings, ModelBatcher, Recorder, Producer], fake_redis: fakeredis.FakeRedis
+    fleet: tuple[Settings, ModelBatcher, RecordingCelery, Producer], fake_redis: fakeredis.FakeRedis
 ) -> None:
     """A request that costs more than max_batch_cost by itself gets a clear error at once; the
     queue behind it keeps moving."""
@@ -91,7 +85,7 @@ def test_an_input_over_the_budget_alone_is_answered_invalid_input(
     error = Result.decode(raw).error
     assert error is not None and error.code == "invalid_input"
     assert "costs 13, over the model's max_batch_cost of 12" in error.message
-    assert [batched_inputs(args) for args in recorder.sent] == [["short one"]]
+    assert [batched_inputs(task) for task in recorder.sent] == [["short one"]]
     assert fake_redis.get(KEYS.result("words", short)) is None, (
         "the short one is batched, not answered"
     )

@@ -68,7 +68,7 @@ def test_a_batcher_without_redis_stays_live_and_is_not_ready(
     settings: Settings, fake_redis: fakeredis.FakeRedis
 ) -> None:
     """Redis goes away under a serving batcher: it lapses from ready, and turns on, live."""
-    batcher = new_batcher(settings, fake_redis, RecordingCelery())
+    batcher = new_batcher(settings, fake_redis, RecordingCelery(fake_redis))
     batcher.health = Health(stale_after_s=STALE_S)
     stop = threading.Event()
     thread = threading.Thread(target=batcher.run, args=(stop,))

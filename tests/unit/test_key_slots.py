@@ -31,7 +31,7 @@ def test_every_script_is_called_with_keys_of_one_slot(
     script_calls: ScriptCalls,
 ) -> None:
     keys = Keys(settings.key_prefix)
-    celery = RecordingCelery()
+    celery = RecordingCelery(fake_redis)
     batcher = new_batcher(settings, fake_redis, celery)
     runtime = WorkerRuntime(settings, "w1", "cpu", [MODEL], client=fake_redis)
     gone = device_consumer("gone", "old")

@@ -27,7 +27,7 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.gateway_batches() == "bf:gw:batches"
     assert keys.gateway_batch("batch_1") == "bf:gw:batch:batch_1"
     assert keys.gateway_batch_lease("batch_1") == "bf:gw:lease:batch_1"
-    assert keys.celery_queue("m") == "bf.m"
+    assert keys.celery_queue("m") == "bf.{m:m}"
     assert keys.policies() == "bf:policies"
     assert keys.stats("m") == "bf:{m:m}:stats"
     assert keys.model_version("m") == "bf:{m:m}:version"

@@ -39,6 +39,7 @@ from workers.protocol.health import Health
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.protocol.model_times import ModelTimeEstimate
 from workers.protocol.results import ResultWriter, error_answer, poison_answer
+from workers.protocol.task_message import batch_message
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class ModelBatcher:
         self.consumer = consumer
         self._client = client
         self._celery = celery
+        self._broker_is_fleet_redis = settings.broker_url is None
         self._state = FleetState(client, self.keys, model)
         self._writer = ResultWriter(client, self.keys, model, replica_wait=ReplicaWait.of(settings))
         self._prune_consumers = lua.register(client, "prune_consumers")
@@ -378,25 +380,37 @@ class ModelBatcher:
 
     def _dispatch(self, batch: Sequence[Pending], reason: str | None) -> None:
         batch_id = uuid.uuid4().hex
-        counted = self._state.dispatched(batch_id, reason or "other", self._lease_s)
-        try:
-            task = BatchTask(
-                self.model, batch_id, [(item.entry_id, item.raw) for item in batch], reason
-            )
-            self._celery.send_task(
-                RUN_BATCH_TASK,
-                args=task.args(),
-                queue=self.keys.celery_queue(self.model),
-                argsrepr=task.argsrepr(),
-            )
-        except Exception:
-            self._state.undispatched(batch_id)
-            raise
+        task = BatchTask(
+            self.model, batch_id, [(item.entry_id, item.raw) for item in batch], reason
+        )
+        counted = self._send(task, reason or "other")
         for item in batch:
             self._pending.pop(item.entry_id, None)
         self._counted = counted
         self._sending_full = reason in FULL_REASONS
         log.debug("model %s: batch %s of %d (%s)", self.model, batch_id, len(batch), reason)
+
+    def _send(self, task: BatchTask, reason: str) -> Capacity:
+        """Records the batch in flight and sends its task; the capacity left.
+
+        On the fleet's Redis, the dispatch script pushes the task's message in the same round
+        trip; on a broker of its own, Celery sends it, and a send that fails takes the batch
+        out of flight again (its requests stay pending here, for the next step).
+        """
+        queue = self.keys.celery_queue(self.model)
+        if self._broker_is_fleet_redis:
+            return self._state.dispatched(
+                task.batch_id, reason, self._lease_s, batch_message(task, queue)
+            )
+        counted = self._state.dispatched(task.batch_id, reason, self._lease_s)
+        try:
+            self._celery.send_task(
+                RUN_BATCH_TASK, args=task.args(), queue=queue, argsrepr=task.argsrepr()
+            )
+        except Exception:
+            self._state.undispatched(task.batch_id)
+            raise
+        return counted
 
 
 def run_batchers(

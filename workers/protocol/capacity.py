@@ -75,15 +75,19 @@ class FleetState:
         """Prunes expired workers and stale in-flight batches, then counts what is left."""
         return _counted(self._capacity(keys=self._counted_keys(), args=[lease_s]))
 
-    def dispatched(self, batch_id: str, reason: str, lease_s: float) -> Capacity:
-        """Records a batch sent (in flight, and counted by flush reason in the stats); returns
-        the capacity left, counted as ``capacity`` does, in the same round trip."""
-        return _counted(
-            self._dispatch(
-                keys=[*self._counted_keys(), self._keys.stats(self._model)],
-                args=[lease_s, batch_id, stats_fields.batches(reason)],
-            )
-        )
+    def dispatched(
+        self, batch_id: str, reason: str, lease_s: float, message: str | None = None
+    ) -> Capacity:
+        """Records a batch sent (in flight, and counted by flush reason in the stats) and,
+        given its Celery message (``workers.protocol.task_message``), pushes that onto the
+        model's batch queue; returns the capacity left, counted as ``capacity`` does, in the
+        same round trip."""
+        keys = [*self._counted_keys(), self._keys.stats(self._model)]
+        args: list[str | float] = [lease_s, batch_id, stats_fields.batches(reason)]
+        if message is not None:
+            keys.append(self._keys.celery_queue(self._model))
+            args.append(message)
+        return _counted(self._dispatch(keys=keys, args=args))
 
     def _counted_keys(self) -> list[str]:
         """The keys ``count_capacity.lua`` counts, first in both scripts that include it."""
