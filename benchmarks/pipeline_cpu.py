@@ -1,11 +1,12 @@
 """The pipeline's own CPU cost: CPU seconds of every process per request and per batch.
 
 Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
-     [--base-ms 2] [--per-item-ms 0.02] [--infer]
+     [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256]
 For each max batch size it starts a private fleet (its own redis-server, a batcher, one CPU
 worker serving the synthetic model), sends the requests with ``Producer.submit_many`` and
 collects them with ``results`` (with ``--infer``: one ``Producer.infer`` call, whose
-admission makes the producer the requests' waiter, with no watch call), and reads the CPU
+admission makes the producer the requests' waiter, with no watch call; with ``--callers N``:
+N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``), and reads the CPU
 time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
 producer). It prints µs per request and ms per batch by process, then the Redis commands
 each batch cost (``INFO commandstats``: a script's own commands count too, under their
@@ -16,6 +17,7 @@ pipeline's.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import resource
 import time
@@ -27,6 +29,8 @@ import redis
 
 from config import stats_fields
 from config.keys import Keys
+from config.settings import Settings
+from producer.async_client import AsyncProducer
 from producer.client import Producer
 from workers.local.local_redis import LocalRedis
 from workers.local.private_fleet import PrivateFleet, private_fleet
@@ -100,13 +104,16 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, fl
             batches_before = batches_sent(fleet)
             started = time.monotonic()
             inputs = [f"request {n}" for n in range(args.requests)]
-            with Producer(fleet.settings) as producer:
-                if args.infer:
-                    producer.infer("synthetic", inputs)  # raises a request's error
-                else:
-                    for result in producer.results(producer.submit_many("synthetic", inputs)):
-                        if result.error is not None:
-                            raise SystemExit(f"request failed: {result.error}")
+            if args.callers:
+                asyncio.run(closed_loop(fleet.settings, inputs, args.callers))
+            else:
+                with Producer(fleet.settings) as producer:
+                    if args.infer:
+                        producer.infer("synthetic", inputs)  # raises a request's error
+                    else:
+                        for result in producer.results(producer.submit_many("synthetic", inputs)):
+                            if result.error is not None:
+                                raise SystemExit(f"request failed: {result.error}")
             elapsed_s = time.monotonic() - started
             used = {name: read() - before[name] for name, read in readers.items()}
             used["batches"] = batches_sent(fleet) - batches_before
@@ -116,19 +123,42 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, fl
     return used, calls
 
 
+async def closed_loop(settings: Settings, inputs: list[str], callers: int) -> None:
+    """``callers`` coroutines on one ``AsyncProducer``, each sending its next input once the
+    last one's output came (``submit``, then ``result``, which raises a request's error)."""
+    unsent = iter(inputs)
+    async with AsyncProducer(settings) as producer:
+
+        async def caller() -> None:
+            for value in unsent:
+                await producer.result(await producer.submit("synthetic", value))
+
+        await asyncio.gather(*(caller() for _ in range(callers)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--base-ms", type=float, default=2.0)
     parser.add_argument("--per-item-ms", type=float, default=0.02)
-    parser.add_argument("--infer", action="store_true", help="send and collect with infer")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--infer", action="store_true", help="send and collect with infer")
+    how.add_argument(
+        "--callers", type=int, default=0, help="AsyncProducer callers, each submit then result"
+    )
     args = parser.parse_args()
     roles = ("batcher", "worker", "redis-server", "producer")
     print(
         f"{args.requests} requests, synthetic model {args.base_ms} ms + {args.per_item_ms} "
         "ms/item, one CPU worker; CPU (user + system) by process; "
-        + ("Producer.infer" if args.infer else "Producer.submit_many, then results")
+        + (
+            f"AsyncProducer, {args.callers} callers each submit then result"
+            if args.callers
+            else "Producer.infer"
+            if args.infer
+            else "Producer.submit_many, then results"
+        )
     )
     print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Sequence,
+)
 from functools import partial
 from time import monotonic
 from types import TracebackType
@@ -368,34 +376,23 @@ class AsyncProducer:
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:
         """Awaits one request's output; see ``Producer.result``."""
-        async for result in self.results([request_id], timeout_s=timeout_s):
-            return result.unwrap()
+        async with contextlib.aclosing(self._results([request_id], timeout_s)) as results:
+            async for result in results:
+                return result.unwrap()
         raise ResultTimeout(f"no result for {request_id!r}")
 
     async def results(
         self, request_ids: Sequence[str], timeout_s: float | None = None
-    ) -> AsyncIterator[Result]:
+    ) -> AsyncGenerator[Result, None]:
         """Yields each request's final ``Result`` as it completes; see ``Producer.results``.
         With ``cancel_on_exit``, cancelling the task that waits cancels the requests it was
-        still waiting for."""
-        async for result in self._answers(request_ids, self._results(request_ids, timeout_s)):
-            yield result
+        still waiting for.
 
-    async def _answers(
-        self, request_ids: Sequence[str], results: AsyncIterator[Result]
-    ) -> AsyncIterator[Result]:
-        """``results`` (of ``request_ids``), each noted answered; with ``cancel_on_exit``,
-        cancelling the task that waits cancels the requests it was still waiting for."""
-        waiting = set(request_ids)
-        try:
+        A loop left early leaves the generator to asyncio, which closes it in a task of its
+        own; ``contextlib.aclosing`` around it closes it in place."""
+        async with contextlib.aclosing(self._results(request_ids, timeout_s)) as results:
             async for result in results:
-                waiting.discard(result.request_id)
-                self._core.answered(result.request_id)
                 yield result
-        except asyncio.CancelledError:
-            if self._core.cancel_on_exit:
-                await asyncio.shield(self._cancel_quietly(sorted(waiting)))
-            raise
 
     async def stream(
         self,
@@ -465,8 +462,11 @@ class AsyncProducer:
         request_ids: Sequence[str],
         timeout_s: float | None,
         admission: Callable[[], Awaitable[set[str]]] | None = None,
-    ) -> AsyncIterator[Result]:
-        """``results``; with ``admission``, as ``Producer._results``."""
+    ) -> AsyncGenerator[Result, None]:
+        """``results``, each result noted answered; with ``admission``, as
+        ``Producer._results``. One generator, whose ``finally`` forgets the wait: a caller
+        who stops early (``result`` does) leaves no inner generator for asyncio to close in a
+        task of its own."""
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
@@ -479,29 +479,44 @@ class AsyncProducer:
             self._listener.expect(model, ids, arrived)
         try:
             enqueued = await admission() if admission is not None else set()
-            async for result in self._stored(wait, enqueued):
-                yield result
-            while wait.waiting:
-                try:
-                    async with asyncio.timeout(wait.left_s()):
-                        item = await arrived.get()
-                except TimeoutError:
-                    raise wait.timed_out() from None
-                if isinstance(item, Reconnected):
-                    async for result in self._stored(wait):
-                        yield result
-                elif isinstance(item, BaseException):
-                    raise item
-                elif wait.take(item):
-                    yield item
+            answered = await self._stored(wait, enqueued)
+            while True:
+                for result in answered:
+                    self._core.answered(result.request_id)
+                    yield result
+                if not wait.waiting:
+                    return
+                answered = await self._arrived(wait, arrived)
+        except asyncio.CancelledError:
+            if self._core.cancel_on_exit:
+                await asyncio.shield(self._cancel_quietly(sorted(wait.waiting)))
+            raise
         finally:
             self._listener.forget(wait.ids, arrived)
 
-    async def _stored(
-        self, wait: ResultWait, enqueued: Collection[str] = ()
-    ) -> AsyncIterator[Result]:
-        """Yields the stored results of the ids ``wait`` still waits for; see
-        ``Producer._stored``. Waits of one loop turn share their watch calls."""
+    async def _arrived(self, wait: ResultWait, arrived: asyncio.Queue[Arrival]) -> list[Result]:
+        """What the inbox listener brings next for ``wait``: an answer it waits for (none
+        for another), or after a reconnection every stored one (as ``_stored``).
+
+        Raises:
+            ResultTimeout: nothing came before the wait's deadline.
+            BrokerError: the listener's error (a subclass of ``BatchfleetError``).
+        """
+        try:
+            async with asyncio.timeout(wait.left_s()):
+                item = await arrived.get()
+        except TimeoutError:
+            raise wait.timed_out() from None
+        if isinstance(item, Reconnected):
+            return await self._stored(wait)
+        if isinstance(item, BaseException):
+            raise item
+        return [item] if wait.take(item) else []
+
+    async def _stored(self, wait: ResultWait, enqueued: Collection[str] = ()) -> list[Result]:
+        """The stored results of the ids ``wait`` still waits for; see ``Producer._stored``.
+        Waits of one loop turn share their watch calls."""
+        stored = []
         for model, ids in wait.by_model(skipping=enqueued).items():
             for batch in chunks(ids, self._core.settings.submit_chunk):
                 watch = partial(self._watch_ids, (model, batch))
@@ -509,9 +524,8 @@ class AsyncProducer:
                     read = await call_until_async(wait.deadline, watch)
                 except BrokerUnavailable as outage:
                     raise wait.timed_out(outage) from outage
-                for result in read:
-                    if result is not None and wait.take(result):
-                        yield result
+                stored += [result for result in read if result is not None and wait.take(result)]
+        return stored
 
     async def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
         """The model of each of ``request_ids``; see ``Producer._models_of``."""
@@ -543,7 +557,7 @@ class AsyncProducer:
         ids = [item.request_id for item in prepared]
         self._core.remember(model, ids)
         admission = partial(self._enqueue, model, prepared, waiting=True)
-        results = self._answers(ids, self._results(ids, timeout_s, admission))
+        results = self._results(ids, timeout_s, admission)
         by_id = {result.request_id: result async for result in results}
         return [by_id[request_id].unwrap() for request_id in ids]
 

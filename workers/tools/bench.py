@@ -11,6 +11,7 @@ machine's CPU, fed sentences of mixed length.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -114,8 +115,9 @@ async def _one(
     """One request, timed from ``sent_at`` (its scheduled time in an open loop) to its answer."""
     sent_at = time.monotonic() if sent_at is None else sent_at
     request_id = await producer.submit(model, value)
-    async for result in producer.results([request_id], timeout_s=RESULT_TIMEOUT_S):
-        return Sample(sent_at, time.monotonic(), result)
+    async with contextlib.aclosing(producer.results([request_id], RESULT_TIMEOUT_S)) as results:
+        async for result in results:
+            return Sample(sent_at, time.monotonic(), result)
     raise AssertionError("results() ended without a result")
 
 
