@@ -9,9 +9,8 @@ wheel) is 6.2; Debian 12's ``redis-server`` is 7.0. Both are tested.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, cast
+from types import TracebackType
+from typing import Any, Literal, cast
 
 import redis
 import redis.cluster
@@ -78,20 +77,36 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, OUTAGES) and not isinstance(exc, redis.AuthenticationError)
 
 
-@contextmanager
-def broker_errors() -> Iterator[None]:
+class BrokerErrors:
     """Re-raises refused credentials or permissions as ``RedisAccessDenied``, and connection
-    and timeout failures as ``BrokerUnavailable``."""
-    try:
-        yield
-    except redis.AuthenticationError as exc:
-        raise RedisAccessDenied(f"Redis authentication failed: {exc}") from exc
-    except redis.exceptions.NoPermissionError as exc:
-        raise RedisAccessDenied(f"Redis refused this user a command: {exc}") from exc
-    except redis.RedisError as exc:
-        if is_outage(exc):
+    and timeout failures as ``BrokerUnavailable``. It holds no state, so one serves every
+    call (``broker_errors``): a producer enters it several times a request, where a
+    ``contextlib.contextmanager`` would build a generator and its manager each time."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Literal[False]:
+        if isinstance(exc, redis.AuthenticationError):
+            raise RedisAccessDenied(f"Redis authentication failed: {exc}") from exc
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            raise RedisAccessDenied(f"Redis refused this user a command: {exc}") from exc
+        if isinstance(exc, redis.RedisError) and is_outage(exc):
             raise BrokerUnavailable(f"Redis is unavailable: {exc}") from exc
-        raise
+        return False
+
+
+BROKER_ERRORS = BrokerErrors()
+
+
+def broker_errors() -> BrokerErrors:
+    """The context that re-raises redis-py's errors as batchfleet's (``BrokerErrors``)."""
+    return BROKER_ERRORS
 
 
 def parse_version(text: str) -> tuple[int, ...]:

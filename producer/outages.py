@@ -75,12 +75,13 @@ def call_until(deadline: float, call: Callable[[], T]) -> T:
         BrokerUnavailable: Redis was still away at the deadline.
         RedisAccessDenied: as ``broker_errors``; never retried.
     """
-    patience = Patience(deadline)
+    patience = None  # built at the first failure: most calls never need it
     while True:
         try:
             with broker_errors():
                 return call()
         except BrokerUnavailable:
+            patience = patience or Patience(deadline)
             pause_s = patience.next_pause_s()
             if pause_s is None:
                 raise
@@ -89,12 +90,13 @@ def call_until(deadline: float, call: Callable[[], T]) -> T:
 
 async def call_until_async(deadline: float, call: Callable[[], Awaitable[T]]) -> T:
     """``call_until`` for a coroutine function."""
-    patience = Patience(deadline)
+    patience = None
     while True:
         try:
             with broker_errors():
                 return await call()
         except BrokerUnavailable:
+            patience = patience or Patience(deadline)
             pause_s = patience.next_pause_s()
             if pause_s is None:
                 raise
