@@ -106,8 +106,8 @@ class ModelBatcher:
         self._next_backlog_scan = 0.0
         self._backlog_cursor = "0-0"
         self._sending_full = False
-        # The capacity the last dispatch counted, for the next step's decision only: a slot
-        # freed since then wakes the wait that follows, and the step after it asks again.
+        # The capacity the last dispatch or slot wait counted, for the next step's decision
+        # only: a slot freed after a dispatch wakes the wait that follows, which counts again.
         self._counted: Capacity | None = None
         self.failed = False
 
@@ -204,7 +204,7 @@ class ModelBatcher:
             if now >= self._next_backlog_scan:
                 self._next_backlog_scan = now + BACKLOG_SCAN_S
                 self._expire_backlog()
-            self._state.wait_for_slot(min(wait_s, BACKLOG_SCAN_S))
+            self._counted = self._state.wait_for_slot(min(wait_s, BACKLOG_SCAN_S), self._lease_s)
         elif self._pending and wait_s < PRECISE_BLOCK_S:
             time.sleep(wait_s)
             self._take(self._read(count=room, block_s=None))

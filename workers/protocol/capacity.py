@@ -110,10 +110,18 @@ class FleetState:
         pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
         pipe.execute()
 
-    def wait_for_slot(self, timeout_s: float) -> None:
+    def wait_for_slot(self, timeout_s: float, lease_s: float) -> Capacity:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:
-        Redis 6.2 rounds a smaller BLPOP timeout down to 0, which blocks forever)."""
-        self._client.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
+        Redis 6.2 rounds a smaller BLPOP timeout down to 0, which blocks forever), then
+        returns the capacity, counted as ``capacity`` does, in the same round trip: Redis
+        counts once the BLPOP returns."""
+
+        def build(pipe: Any) -> None:
+            pipe.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
+            lua.queue(pipe, self._capacity, self._counted_keys(), [lease_s])
+
+        _, counted = lua.execute(self._client, build, [self._capacity])
+        return _counted(counted)
 
 
 @dataclass(frozen=True)
