@@ -470,14 +470,14 @@ class AsyncProducer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
-        try:
-            wait.models = await self._models_of(wait.ids, wait.deadline)
-        except BrokerUnavailable as outage:
-            raise wait.timed_out(outage) from outage
         arrived: asyncio.Queue[Arrival] = asyncio.Queue()
-        for model, ids in wait.by_model().items():
-            self._listener.expect(model, ids, arrived)
         try:
+            try:
+                wait.models = await self._models_of(wait.ids, wait.deadline)
+            except BrokerUnavailable as outage:
+                raise wait.timed_out(outage) from outage
+            for model, ids in wait.by_model().items():
+                self._listener.expect(model, ids, arrived)
             enqueued = await admission() if admission is not None else set()
             answered = await self._stored(wait, enqueued)
             while True:
