@@ -75,6 +75,23 @@ def start_with_tls(*args: str) -> LocalRedis:
     unavailable(f"no redis-server built with TLS on PATH (tried: {tried or 'none'})")
 
 
+def certificate_args(certs: Path) -> list[str]:
+    """A redis-server's options for the certificates ``make_certificates`` wrote."""
+    return [
+        *("--tls-cert-file", str(certs / "server.pem")),
+        *("--tls-key-file", str(certs / "server.key")),
+        *("--tls-ca-cert-file", str(certs / "ca.pem")),
+    ]
+
+
+def tls_redis_binary(certs: Path) -> str:
+    """The first ``redis-server`` on PATH built with TLS (``start_with_tls``'s choice), for
+    a test that starts its Redis processes itself."""
+    probe = start_with_tls("--tls-port", str(free_port()), *certificate_args(certs))
+    probe.stop()
+    return probe.binary
+
+
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A redis-server with a TLS port and an ACL user ``fleet``; yields the port's base URL
@@ -83,13 +100,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     tls_port = free_port()
     server = start_with_tls(
         *("--tls-port", str(tls_port), "--tls-auth-clients", "no"),
-        *(
-            "--tls-cert-file",
-            str(certs / "server.pem"),
-            "--tls-key-file",
-            str(certs / "server.key"),
-        ),
-        *("--tls-ca-cert-file", str(certs / "ca.pem")),
+        *certificate_args(certs),
         *("--user", "fleet", "on", f">{PASSWORD}", "~*", "&*", "+@all"),
     )
     try:

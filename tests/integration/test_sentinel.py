@@ -19,7 +19,7 @@ from workers.models.synthetic import expected_output
 
 from .conftest import check_outputs, producer_for, wait_ready
 from .test_flower import AUTH, following, poll
-from .test_security import make_certificates
+from .test_security import make_certificates, tls_redis_binary
 
 SENTINEL_PASSWORD = "sentinel-" + uuid.uuid4().hex[:8]
 
@@ -58,7 +58,7 @@ def tls_sentinel_fleet(tmp_path: Path) -> Iterator[LocalFleet]:
     """A fleet on a Sentinel group reached over TLS only (certificates verified), whose
     sentinels require a password."""
     certs = make_certificates(tmp_path)
-    group = SentinelGroup(password=SENTINEL_PASSWORD, tls=certs)
+    group = SentinelGroup(password=SENTINEL_PASSWORD, tls=certs, binary=tls_redis_binary(certs))
     tls = {
         "BATCHFLEET_REDIS_SENTINEL_PASSWORD": SENTINEL_PASSWORD,
         "BATCHFLEET_REDIS_SENTINEL_TLS_CA": str(certs / "ca.pem"),

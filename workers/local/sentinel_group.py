@@ -35,13 +35,19 @@ SETTLE_TIMEOUT_S = 60.0
 
 
 class SentinelGroup(Startable):
-    """Two ``redis-server`` nodes (``extra_args`` for both) and three sentinels watching them."""
+    """Two ``redis-server`` nodes (``extra_args`` for both) and three sentinels watching them,
+    all run by ``binary`` (the first ``redis-server`` on PATH by default)."""
 
     def __init__(
-        self, *extra_args: str, password: str | None = None, tls: Path | None = None
+        self,
+        *extra_args: str,
+        password: str | None = None,
+        tls: Path | None = None,
+        binary: str | None = None,
     ) -> None:
         self._password = password
         self._tls = tls
+        self._binary = binary or redis_server_binary()
         # Where clients reach each node: its TLS port with ``tls``.
         self._announced: dict[int, int] = {}
         master = self._node(*extra_args)
@@ -57,7 +63,8 @@ class SentinelGroup(Startable):
 
     def _node(self, *args: str) -> LocalRedis:
         tls_port = free_port()
-        node = LocalRedis(*args, *(self._tls_args(tls_port) if self._tls else ()))
+        tls = self._tls_args(tls_port) if self._tls else ()
+        node = LocalRedis(*args, *tls, binary=self._binary)
         self._announced[node.port] = tls_port if self._tls else node.port
         return node
 
@@ -98,7 +105,7 @@ class SentinelGroup(Startable):
             with open(self._dir / f"sentinel-{port}.log", "ab") as log:
                 self._sentinels.append(
                     subprocess.Popen(
-                        [redis_server_binary(), str(config), "--sentinel", *tls],
+                        [self._binary, str(config), "--sentinel", *tls],
                         stdout=log,
                         stderr=subprocess.STDOUT,
                     )
