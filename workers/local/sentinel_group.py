@@ -102,7 +102,7 @@ class SentinelGroup(Startable):
                 ]
             config.write_text("\n".join(lines) + "\n")
             tls = self._tls_args(self._sentinel_tls_ports[port]) if self._tls else []
-            with open(self._dir / f"sentinel-{port}.log", "ab") as log:
+            with open(self._log(port), "ab") as log:
                 self._sentinels.append(
                     subprocess.Popen(
                         [self._binary, str(config), "--sentinel", *tls],
@@ -110,7 +110,7 @@ class SentinelGroup(Startable):
                         stderr=subprocess.STDOUT,
                     )
                 )
-        self._wait(self._sentinels_agree)
+        self._wait(self._sentinels_agree, self._sentinels_view)
 
     def master(self) -> LocalRedis:
         """The node the sentinels name as master now."""
@@ -193,17 +193,45 @@ class SentinelGroup(Startable):
         self._wait(promoted)
 
     def _sentinels_agree(self) -> bool:
-        """Every sentinel sees the replica and the two other sentinels."""
-        for port in self.sentinel_ports:
-            with self._sentinel(port) as sentinel:
-                try:
-                    replicas = sentinel.execute_command("SENTINEL REPLICAS", NAME)
-                    others = sentinel.execute_command("SENTINEL SENTINELS", NAME)
-                except redis.RedisError:
-                    return False
-            if len(replicas) < 1 or len(others) < len(self.sentinel_ports) - 1:
+        """Every sentinel sees the replica and the two other sentinels.
+
+        Raises:
+            BrokerUnavailable: a sentinel has exited; says how, with the end of its log.
+        """
+        for process, port in zip(self._sentinels, self.sentinel_ports, strict=True):
+            if process.poll() is not None:
+                log = self._log(port).read_text(errors="replace").splitlines()[-5:]
+                raise BrokerUnavailable(
+                    f"the sentinel on port {port} exited with {process.returncode}: "
+                    + " | ".join(log)
+                )
+            seen = self._seen_by(port)
+            if seen is None or seen[0] < 1 or seen[1] < len(self.sentinel_ports) - 1:
                 return False
         return True
+
+    def _seen_by(self, port: int) -> tuple[int, int] | None:
+        """How many replicas and other sentinels the sentinel on ``port`` knows, or None
+        while it does not answer."""
+        with self._sentinel(port) as sentinel:
+            try:
+                replicas = sentinel.execute_command("SENTINEL REPLICAS", NAME)
+                others = sentinel.execute_command("SENTINEL SENTINELS", NAME)
+            except redis.RedisError:
+                return None
+        return len(replicas), len(others)
+
+    def _sentinels_view(self) -> str:
+        """What each sentinel knows, for an error that says why the group did not settle."""
+        views = []
+        for port in self.sentinel_ports:
+            seen = self._seen_by(port)
+            known = "no answer" if seen is None else f"{seen[0]} replicas, {seen[1]} sentinels"
+            views.append(f"sentinel {port}: {known}")
+        return "; ".join(views)
+
+    def _log(self, port: int) -> Path:
+        return self._dir / f"sentinel-{port}.log"
 
     @staticmethod
     def _replication(node: LocalRedis) -> dict[str, object]:
@@ -221,9 +249,15 @@ class SentinelGroup(Startable):
         )
 
     @staticmethod
-    def _wait(condition: Callable[[], bool]) -> None:
+    def _wait(condition: Callable[[], bool], view: Callable[[], str] | None = None) -> None:
+        """Polls ``condition`` until it holds.
+
+        Raises:
+            BrokerUnavailable: it did not within a minute; says what ``view`` reports.
+        """
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while not condition():
             if time.monotonic() > deadline:
-                raise BrokerUnavailable("the Sentinel group did not settle")
+                seen = f": {view()}" if view is not None else ""
+                raise BrokerUnavailable(f"the Sentinel group did not settle{seen}")
             time.sleep(0.05)
