@@ -11,8 +11,9 @@ import httpx
 
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import free_port
+from workers.models.synthetic import expected_output
 
-from .conftest import producer_for, wait_ready
+from .conftest import check_outputs, producer_for, wait_ready
 
 AUTH = ("admin", "s3cret-for-tests")
 
@@ -39,6 +40,32 @@ def following(api: str, worker: str) -> None:
         lambda: httpx.get(f"{api}/workers", params={"status": 1}, auth=AUTH, timeout=5).json(),
         lambda found: found.get(worker) is True,
     )
+
+
+def serve_and_show_in_flower(fleet: LocalFleet, worker: str) -> None:
+    """Starts a batcher, a worker named ``worker`` and Flower on ``fleet`` (which has
+    ``FLOWER_BASIC_AUTH`` set to ``AUTH``): requests are answered in batches, and Flower shows
+    the batch tasks run by that worker."""
+    port = free_port()
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu", "--name", worker)
+    fleet.start("flower", "--port", str(port))
+    api = f"http://127.0.0.1:{port}/api"
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        following(api, worker)
+        inputs = [f"item {n}" for n in range(200)]
+        ids = producer.submit_many("synthetic", inputs)
+        results = {result.request_id: result for result in producer.results(ids, timeout_s=60)}
+    check_outputs(
+        {request_id: result.output for request_id, result in results.items()},
+        {request_id: expected_output(value) for request_id, value in zip(ids, inputs, strict=True)},
+    )
+    tasks = poll(
+        lambda: httpx.get(f"{api}/tasks", auth=AUTH, timeout=5).json(),
+        lambda found: sum(str(task.get("args")).count("requests>") for task in found.values()) >= 2,
+    )
+    assert {task["worker"] for task in tasks.values() if task.get("worker")} == {worker}
 
 
 def test_flower_shows_the_workers_and_batch_sizes_behind_basic_auth(

@@ -9,16 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from workers.local.local_fleet import LocalFleet
-from workers.local.local_redis import free_port
 from workers.local.sentinel_group import NAME, SentinelGroup
-from workers.models.synthetic import expected_output
 
-from .conftest import check_outputs, producer_for, wait_ready
-from .test_flower import AUTH, following, poll
+from .test_flower import AUTH, serve_and_show_in_flower
 from .test_security import make_certificates, tls_redis_binary
 
 SENTINEL_PASSWORD = "sentinel-" + uuid.uuid4().hex[:8]
@@ -71,7 +67,7 @@ def test_every_process_reaches_the_master_through_the_sentinels(
     sentinel_fleet: LocalFleet,
 ) -> None:
     """Requests are answered in batches, and Flower shows the batch tasks and the worker."""
-    serve_and_show_in_flower(sentinel_fleet)
+    serve_and_show_in_flower(sentinel_fleet, "w1@sentinel")
 
 
 @pytest.mark.tls
@@ -80,29 +76,5 @@ def test_every_process_reaches_sentinels_that_want_tls_and_a_password(
 ) -> None:
     """The same over TLS to the sentinels and the master, with the sentinels' password;
     nothing reaches them in the clear (their URL names TLS ports only)."""
-    serve_and_show_in_flower(tls_sentinel_fleet)
+    serve_and_show_in_flower(tls_sentinel_fleet, "w1@sentinel")
     assert SENTINEL_PASSWORD not in tls_sentinel_fleet.logs()
-
-
-def serve_and_show_in_flower(sentinel_fleet: LocalFleet) -> None:
-    """Requests are answered in batches, and Flower shows the batch tasks and the worker."""
-    port = free_port()
-    sentinel_fleet.start("batcher")
-    sentinel_fleet.start("worker", "--cpu", "--name", "w1@sentinel")
-    sentinel_fleet.start("flower", "--port", str(port))
-    api = f"http://127.0.0.1:{port}/api"
-    with producer_for(sentinel_fleet) as producer:
-        wait_ready(producer, sentinel_fleet)
-        following(api, "w1@sentinel")
-        inputs = [f"item {n}" for n in range(200)]
-        ids = producer.submit_many("synthetic", inputs)
-        results = {result.request_id: result for result in producer.results(ids, timeout_s=60)}
-    check_outputs(
-        {request_id: result.output for request_id, result in results.items()},
-        {request_id: expected_output(value) for request_id, value in zip(ids, inputs, strict=True)},
-    )
-    tasks = poll(
-        lambda: httpx.get(f"{api}/tasks", auth=AUTH, timeout=5).json(),
-        lambda found: sum(str(task.get("args")).count("requests>") for task in found.values()) >= 2,
-    )
-    assert {task["worker"] for task in tasks.values() if task.get("worker")} == {"w1@sentinel"}

@@ -17,3 +17,10 @@ def test_a_cluster_needs_a_broker_of_its_own_and_takes_no_sentinel_or_replica_wa
     assert settings.redis_cluster
     with pytest.raises(ConfigError, match="does not apply to a Redis Cluster"):
         load_settings(**CLUSTER, broker_url="redis://broker:6379/0", redis_wait_replicas=1)
+
+
+def test_a_cluster_is_named_by_a_node_address_not_a_unix_socket() -> None:
+    with pytest.raises(ConfigError, match="not a unix:// URL"):
+        load_settings(
+            redis_url="unix:///run/redis.sock", redis_cluster=True, broker_url="redis://b:6379/0"
+        )

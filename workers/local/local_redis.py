@@ -25,6 +25,8 @@ START_TIMEOUT_S = 10.0
 # Where ``free_port`` looks for ports, up to the start of the kernel's ephemeral range.
 LOWEST_PORT = 10000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# The longest Unix socket path every platform takes (``sun_path`` holds 104 bytes on macOS).
+MAX_SOCKET_PATH = 100
 _handed_out: set[int] = set()
 
 
@@ -99,7 +101,12 @@ class LocalRedis(Startable):
     """Starts and stops one redis-server process; no persistence unless asked (``extra_args``
     come last on its command line, so they override the defaults). It listens on loopback,
     or on ``host`` when started by ``wrapper`` (a command that runs another, such as
-    ``ip netns exec NAME`` for a network namespace that has that address)."""
+    ``ip netns exec NAME`` for a network namespace that has that address).
+
+    With ``unix_socket`` it also listens on a Unix socket in its folder, which ``url`` then
+    names (``unix://``): processes on this host spend less CPU a command there than on
+    loopback TCP. Where the folder's path is too long for a socket, ``url`` stays TCP.
+    """
 
     def __init__(
         self,
@@ -108,6 +115,7 @@ class LocalRedis(Startable):
         binary: str | None = None,
         host: str = "127.0.0.1",
         wrapper: Sequence[str] = (),
+        unix_socket: bool = False,
     ) -> None:
         self.binary = binary or redis_server_binary()
         self.port = port or free_port()
@@ -116,6 +124,10 @@ class LocalRedis(Startable):
         self._wrapper = list(wrapper)
         self._extra_args = list(extra_args)
         self._dir = tempfile.mkdtemp(prefix="batchfleet-redis-")
+        socket_path = Path(self._dir) / "redis.sock"
+        if unix_socket and len(str(socket_path)) <= MAX_SOCKET_PATH:
+            self._extra_args[:0] = ["--unixsocket", str(socket_path), "--unixsocketperm", "700"]
+            self.url = f"unix://{socket_path}?db=0"
         self._process: subprocess.Popen[bytes] | None = None
 
     def _start(self) -> None:

@@ -34,12 +34,13 @@ class PrivateFleet:
 
 @contextlib.contextmanager
 def redis_url_for_run() -> Iterator[str]:
-    """The user's Redis when BATCHFLEET_REDIS_URL is set, else a private one for this run."""
+    """The user's Redis when BATCHFLEET_REDIS_URL is set, else a private one for this run,
+    which the fleet beside it reaches on a Unix socket."""
     url = os.environ.get("BATCHFLEET_REDIS_URL")
     if url:
         yield url
         return
-    with LocalRedis() as server:
+    with LocalRedis(unix_socket=True) as server:
         yield server.url
 
 

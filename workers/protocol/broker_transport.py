@@ -1,6 +1,6 @@
 """The Celery broker's transport: kombu's Redis transport, reusing one Redis client per channel,
 registered for ``redis://``, ``rediss://`` and (kombu's Sentinel transport) ``sentinel://``
-broker URLs.
+broker URLs, and ``kombu_url``, which names a Redis on a Unix socket as kombu does.
 
 kombu builds a new redis-py client object for every publish, ack and reservation it makes
 outside its polling loop (``Channel.conn_or_acquire``), and building one costs about as much
@@ -16,16 +16,34 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
-from config.settings import SENTINEL_SCHEME
+from config.settings import SENTINEL_SCHEME, UNIX_SCHEME
 
 SINGLE_REDIS_SCHEMES = ("redis", "rediss")
+# kombu's scheme for a Redis on a Unix socket (its Redis transport, connecting to a path).
+KOMBU_SOCKET_SCHEME = "redis+socket"
 # The broker URLs on Redis, which take Redis transport options.
-REDIS_SCHEMES = (*SINGLE_REDIS_SCHEMES, SENTINEL_SCHEME)
+REDIS_SCHEMES = (*SINGLE_REDIS_SCHEMES, KOMBU_SOCKET_SCHEME, SENTINEL_SCHEME)
+
+
+def kombu_url(url: str) -> str:
+    """``url`` as kombu takes it: a Redis on a Unix socket as redis-py writes it,
+    ``unix://[[user]:password@]/path?db=N`` (or with ``password=`` in the query), becomes
+    kombu's ``redis+socket://[[user]:password@]/path?virtual_host=N``; other URLs stay."""
+    parts = urlsplit(url)
+    if parts.scheme != UNIX_SCHEME:
+        return url
+    query = parse_qs(parts.query)
+    credentials = parts.netloc
+    if not credentials and "password" in query:
+        credentials = f":{quote(query['password'][0], safe='')}@"
+    db = query.get("db", ["0"])[0]
+    return f"{KOMBU_SOCKET_SCHEME}://{credentials}{parts.path}?virtual_host={db}"
 
 
 class ReusedClient:

@@ -10,13 +10,14 @@ from celery import Celery
 from config.keys import Keys
 from config.sentinel import broker_tls, sentinel_options
 from config.settings import SENTINEL_SCHEME, Settings
-from workers.protocol.broker_transport import REDIS_SCHEMES, register_transport
+from workers.protocol.broker_transport import REDIS_SCHEMES, kombu_url, register_transport
 from workers.protocol.task_events import FlushTaskEvents, WorkerEvents
 
 
 def broker_url(settings: Settings) -> str:
-    """The URL of the Celery broker: ``broker_url``, else the fleet's Redis."""
-    return (settings.broker_url or settings.redis_url).get_secret_value()
+    """The URL of the Celery broker: ``broker_url``, else the fleet's Redis, as kombu names
+    it (``kombu_url``)."""
+    return kombu_url((settings.broker_url or settings.redis_url).get_secret_value())
 
 
 def make_celery_app(settings: Settings) -> Celery:
