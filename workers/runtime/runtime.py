@@ -8,6 +8,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -35,6 +36,16 @@ from workers.runtime.stream_lane import StreamLane
 from workers.runtime.work_done import WorkDone
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelRecords:
+    """What a worker process writes to Redis for one served model: its answers, its batches'
+    slots and its batch cap."""
+
+    writer: ResultWriter
+    state: FleetState
+    cap: BatchCap
 
 
 class WorkerRuntime:
@@ -69,7 +80,7 @@ class WorkerRuntime:
         self.member = worker_member(hostname, settings.worker.slots)
         self.device = Device(settings, self.client, self.gpu, self._new_device_consumer())
         self._models: dict[str, Model] = {}
-        self._caps: dict[str, BatchCap] = {}
+        self._records: dict[str, ModelRecords] = {}
         self._load_lock = threading.Lock()
 
     def _new_device_consumer(self) -> str:
@@ -110,15 +121,28 @@ class WorkerRuntime:
                 )
             return self._models[name]
 
+    def records(self, model_name: str) -> ModelRecords:
+        """What this process writes for the model, built the first time it is asked for (its
+        scripts registered once, not per batch)."""
+        with self._load_lock:
+            if model_name not in self._records:
+                policy = self.settings.policy(model_name)
+                self._records[model_name] = ModelRecords(
+                    writer=ResultWriter(
+                        self.client,
+                        self.keys,
+                        model_name,
+                        policy.cache_ttl_s,
+                        self._replica_wait,
+                    ),
+                    state=FleetState(self.client, self.keys, model_name),
+                    cap=BatchCap(self.client, self.keys, model_name, policy.max_batch_size),
+                )
+            return self._records[model_name]
+
     def batch_cap(self, model_name: str) -> BatchCap:
         """The model's batch cap, as this process tracks it."""
-        with self._load_lock:
-            if model_name not in self._caps:
-                policy = self.settings.policy(model_name)
-                self._caps[model_name] = BatchCap(
-                    self.client, self.keys, model_name, policy.max_batch_size
-                )
-            return self._caps[model_name]
+        return self.records(model_name).cap
 
     def run_batch(self, task: BatchTask, redelivered: bool = False) -> dict[str, Any]:
         """Runs one batch and writes one final answer per request; returns a summary.
@@ -129,18 +153,13 @@ class WorkerRuntime:
         one of its inputs) runs one request per model call instead.
         """
         policy = self.settings.policy(task.model)
+        records = self.records(task.model)
         batch = BatchRun(
             task.model,
             task.batch_id,
             task.flush_reason,
-            writer=ResultWriter(
-                self.client,
-                self.keys,
-                task.model,
-                policy.cache_ttl_s,
-                self._replica_wait,
-            ),
-            state=FleetState(self.client, self.keys, task.model),
+            writer=records.writer,
+            state=records.state,
             ttl_s=policy.result_ttl_s,
             lease_s=self.settings.batcher.reclaim_lease_s,
         )
