@@ -1,10 +1,10 @@
 """The pipeline's own CPU cost: CPU seconds of every process per request and per batch.
 
 Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
-     [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256] [--tcp]
-For each max batch size it starts a private fleet (its own redis-server, reached on its Unix
-socket as the demo's is, or with ``--tcp`` on loopback TCP; a batcher, one CPU worker serving
-the synthetic model), sends the requests with ``Producer.submit_many`` and
+     [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256] [--unix]
+For each max batch size it starts a private fleet (its own redis-server, reached on loopback
+TCP or with ``--unix`` on its Unix socket; a batcher, one CPU worker serving the synthetic
+model), sends the requests with ``Producer.submit_many`` and
 collects them with ``results`` (with ``--infer``: one ``Producer.infer`` call, whose
 admission makes the producer the requests' waiter, with no watch call; with ``--callers N``:
 N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``), and reads the CPU
@@ -90,7 +90,7 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, fl
             "options": options,
         }
     }
-    with LocalRedis(unix_socket=not args.tcp) as server:
+    with LocalRedis(unix_socket=args.unix) as server:
         os.environ["BATCHFLEET_REDIS_URL"] = server.url
         with private_fleet(models) as fleet:
             batcher, worker = fleet.processes.processes
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--base-ms", type=float, default=2.0)
     parser.add_argument("--per-item-ms", type=float, default=0.02)
     parser.add_argument(
-        "--tcp", action="store_true", help="reach Redis on loopback TCP, not its Unix socket"
+        "--unix", action="store_true", help="reach Redis on its Unix socket, not loopback TCP"
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--infer", action="store_true", help="send and collect with infer")
@@ -155,7 +155,7 @@ def main() -> None:
     roles = ("batcher", "worker", "redis-server", "producer")
     print(
         f"{args.requests} requests, synthetic model {args.base_ms} ms + {args.per_item_ms} "
-        f"ms/item, one CPU worker, Redis on {'loopback TCP' if args.tcp else 'a Unix socket'}; "
+        f"ms/item, one CPU worker, Redis on {'a Unix socket' if args.unix else 'loopback TCP'}; "
         "CPU (user + system) by process; "
         + (
             f"AsyncProducer, {args.callers} callers each submit then result"

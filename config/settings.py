@@ -188,8 +188,7 @@ class Settings(BaseSettings):
     )
 
     # One Redis (``redis://``, ``rediss://``; ``unix://[:password@]/path/redis.sock?db=0`` for
-    # one on this host's Unix socket, which costs every process less CPU a command than
-    # loopback TCP) or a Sentinel group watching one: kombu's form,
+    # one on this host's Unix socket) or a Sentinel group watching one: kombu's form,
     # ``sentinel://[:password@]host1:26379;sentinel://host2:26379[/db]`` (the password is the
     # master's), with the master's name in ``redis_sentinel_master``.
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")

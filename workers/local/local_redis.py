@@ -104,8 +104,7 @@ class LocalRedis(Startable):
     ``ip netns exec NAME`` for a network namespace that has that address).
 
     With ``unix_socket`` it also listens on a Unix socket in its folder, which ``url`` then
-    names (``unix://``): processes on this host spend less CPU a command there than on
-    loopback TCP. Where the folder's path is too long for a socket, ``url`` stays TCP.
+    names (``unix://``); where the folder's path is too long for a socket, ``url`` stays TCP.
     """
 
     def __init__(

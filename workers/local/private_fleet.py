@@ -34,13 +34,12 @@ class PrivateFleet:
 
 @contextlib.contextmanager
 def redis_url_for_run() -> Iterator[str]:
-    """The user's Redis when BATCHFLEET_REDIS_URL is set, else a private one for this run,
-    which the fleet beside it reaches on a Unix socket."""
+    """The user's Redis when BATCHFLEET_REDIS_URL is set, else a private one for this run."""
     url = os.environ.get("BATCHFLEET_REDIS_URL")
     if url:
         yield url
         return
-    with LocalRedis(unix_socket=True) as server:
+    with LocalRedis() as server:
         yield server.url
 
 
