@@ -11,8 +11,8 @@ N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``), and
 time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
 producer). It prints µs per request and ms per batch by process, then the Redis commands
 each batch cost (``INFO commandstats``: a script's own commands count too, under their
-names). The synthetic model sleeps, so its model time costs no CPU: what is left is the
-pipeline's.
+names) and each process's context switches a batch (``/proc/PID/task/*/status``). The
+synthetic model sleeps, so its model time costs no CPU: what is left is the pipeline's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -46,6 +47,19 @@ def process_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def context_switches(pid: int) -> int:
+    """Context switches (voluntary and not) of every thread of ``pid`` so far, from ``/proc``;
+    a thread that ends meanwhile takes its count with it."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:  # the thread ended
+            continue
+        total += sum(int(line.split()[1]) for line in lines if "ctxt_switches" in line)
+    return total
 
 
 def own_cpu_s() -> float:
@@ -79,9 +93,11 @@ def command_calls(server: LocalRedis) -> Counter[str]:
     )
 
 
-def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, float], Counter[str]]:
+def measure(
+    args: argparse.Namespace, max_batch_size: int
+) -> tuple[dict[str, float], Counter[str], Counter[str]]:
     """CPU seconds by process for one run, plus the batches it took (``batches``); the Redis
-    commands it sent."""
+    commands it sent; the context switches of each process."""
     options = {"base_ms": args.base_ms, "per_item_ms": args.per_item_ms}
     models = {
         "synthetic": {
@@ -100,6 +116,13 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, fl
                 "redis-server": lambda: process_cpu_s(server.pid),
                 "producer": own_cpu_s,
             }
+            pids = {
+                "batcher": batcher.pid,
+                "worker": worker.pid,
+                "redis-server": server.pid,
+                "producer": os.getpid(),
+            }
+            switches_before = {role: context_switches(pid) for role, pid in pids.items()}
             before = {name: read() for name, read in readers.items()}
             calls_before = command_calls(server)
             batches_before = batches_sent(fleet)
@@ -120,8 +143,11 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> tuple[dict[str, fl
             used["batches"] = batches_sent(fleet) - batches_before
             used["elapsed_s"] = elapsed_s
             calls = command_calls(server) - calls_before
+            switches = Counter(
+                {role: context_switches(pid) - switches_before[role] for role, pid in pids.items()}
+            )
         del os.environ["BATCHFLEET_REDIS_URL"]
-    return used, calls
+    return used, calls, switches
 
 
 async def closed_loop(settings: Settings, inputs: list[str], callers: int) -> None:
@@ -168,9 +194,9 @@ def main() -> None:
     print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
     print(f"{'':>26}  {header}  {header}")
-    commands = []
+    commands, switched = [], []
     for size in args.batch_sizes:
-        used, calls = measure(args, size)
+        used, calls, switches = measure(args, size)
         batches = max(1, int(used["batches"]))
         per_request = [used[role] / args.requests * 1e6 for role in roles]
         per_batch = [used[role] / batches * 1e3 for role in roles]
@@ -185,8 +211,13 @@ def main() -> None:
             f"{name} {count / batches:.1f}" for name, count in calls.most_common(COMMANDS_SHOWN)
         )
         commands.append(f"{size:>9}: {calls.total() / batches:.1f} in all; {per_batch_calls}")
+        switched.append(
+            f"{size:>9}: " + ", ".join(f"{role} {switches[role] / batches:.1f}" for role in roles)
+        )
     print("Redis commands per batch (the most called first)")
     print("\n".join(commands))
+    print("Context switches per batch (every thread of each process)")
+    print("\n".join(switched))
 
 
 if __name__ == "__main__":
