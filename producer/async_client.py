@@ -35,6 +35,7 @@ from config.errors import (
     ResultTimeout,
     UnknownRequest,
 )
+from config.hiredis_packing import pack_with_hiredis
 from config.replica_wait import ReplicaWait
 from config.schema import Result
 from config.sentinel import AsyncMasterFollowingPool, sentinel_group
@@ -60,7 +61,9 @@ MAX_CONNECTIONS = 32
 def connect_async(settings: Settings) -> aioredis.Redis:
     """An asyncio redis-py client for ``settings``: bounded socket timeouts, no retries of
     its own (the producer retries by deadline; a cluster's client keeps its own) and, on one
-    Redis, at most 32 connections, for which concurrent calls queue instead of failing."""
+    Redis, at most 32 connections, for which concurrent calls queue instead of failing.
+    Outside a cluster (whose client builds its nodes' connections itself), commands are
+    packed by hiredis (``config.hiredis_packing``)."""
     options = client_options(settings, single_try_async())
     if settings.redis_cluster:
         options.pop("retry")  # the cluster client's own retries follow slots that moved
@@ -75,6 +78,7 @@ def connect_async(settings: Settings) -> aioredis.Redis:
             connection_pool_class=AsyncMasterFollowingPool,
             **options,
         )
+        pack_with_hiredis(master.connection_pool)
         return cast(aioredis.Redis, master)
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url.get_secret_value(),
@@ -82,6 +86,7 @@ def connect_async(settings: Settings) -> aioredis.Redis:
         timeout=settings.redis_socket_timeout_s,
         **options,
     )
+    pack_with_hiredis(pool)
     return aioredis.Redis.from_pool(pool)
 
 
