@@ -101,16 +101,31 @@ class AsyncInboxListener:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # by inbox
         self._closed = False
 
-    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> None:
+    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> set[str]:
         """Puts each of ``request_ids``' results (of ``model``) in ``queue`` when it arrives
-        (or the error that ends the wait); the listeners run on the caller's loop."""
-        self._waiters.add(request_ids, queue)
-        inbox = self._inbox(model)
-        if inbox not in self._tasks:
-            self._tasks[inbox] = asyncio.create_task(self._run(inbox), name="batchfleet-inbox")
+        (or the error that ends the wait); the listeners run on the caller's loop. Returns
+        the ids whose answers need no watch call (``Waiters.add``)."""
+        covered = self._waiters.add(request_ids, queue)
+        self._listen(model)
+        return covered
+
+    def hold(self, model: str, request_ids: Iterable[str]) -> None:
+        """Holds ``request_ids`` of ``model``, whose answers will be pushed to its inbox
+        (``Waiters.hold``), and listens there."""
+        self._waiters.hold(request_ids)
+        self._listen(model)
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        self._waiters.release(request_ids)
 
     def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
         self._waiters.remove(request_ids, queue)
+
+    def _listen(self, model: str) -> None:
+        """Starts listening on ``model``'s inbox, once."""
+        inbox = self._inbox(model)
+        if inbox not in self._tasks:
+            self._tasks[inbox] = asyncio.create_task(self._run(inbox), name="batchfleet-inbox")
 
     async def aclose(self) -> None:
         """Stops the listening tasks and deletes their inboxes."""
@@ -233,23 +248,34 @@ class AsyncProducer:
         deadline_s: float | None = None,
         priority: str = "normal",
     ) -> str:
-        """Enqueues one request and returns its id; see ``Producer.submit``."""
+        """Enqueues one request and returns its id; see ``Producer.submit``.
+
+        The request is admitted with this producer as its waiter: its answer is pushed to
+        the producer's inbox, and a ``result`` for it here needs no watch call. It is held
+        before the admission is sent, so that an answer that comes first is kept for the
+        ``result`` that follows."""
         ids = None if request_id is None else [request_id]
         (prepared,) = await self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
-        reply = await call_until_async(
-            self._core.submit_deadline(), partial(self._admit_one, prepared)
-        )
-        self._core.check_admission(prepared, reply)
+        self._listener.hold(model, [prepared.request_id])
+        reply: str | bytes = ""
+        try:
+            reply = await call_until_async(
+                self._core.submit_deadline(), partial(self._admit_one, prepared)
+            )
+            self._core.check_admission(prepared, reply)
+        finally:
+            if not self._core.enqueued([prepared], [reply]):
+                self._listener.release([prepared.request_id])
         self._core.submitted(model, [prepared.request_id])
         return prepared.request_id
 
     async def _admit_one_by_one(self, items: list[Prepared]) -> list[str | bytes]:
         """The admission statuses of single submits made on one loop turn, each admitted as
-        if alone (``admit.lua`` one by one)."""
+        if alone (``admit.lua`` one by one), with this producer as its waiter."""
         statuses: list[str | bytes] = [""] * len(items)
-        one_by_one = partial(self._core.admit_call, one_by_one=True)
+        one_by_one = partial(self._core.admit_call, one_by_one=True, waiting=True)
         for group in self._core.one_by_one_groups(items):
             with broker_errors():
                 replies = await self._admit_now(
@@ -469,9 +495,10 @@ class AsyncProducer:
         admission: Callable[[], Awaitable[set[str]]] | None = None,
     ) -> AsyncGenerator[Result, None]:
         """``results``, each result noted answered; with ``admission``, as
-        ``Producer._results``. One generator, whose ``finally`` forgets the wait: a caller
-        who stops early (``result`` does) leaves no inner generator for asyncio to close in a
-        task of its own."""
+        ``Producer._results``. Ids whose answers are pushed to this producer's inbox (held by
+        ``submit``, or enqueued by ``admission``) need no watch call. One generator, whose
+        ``finally`` forgets the wait: a caller who stops early (``result`` does) leaves no
+        inner generator for asyncio to close in a task of its own."""
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
@@ -481,10 +508,12 @@ class AsyncProducer:
                 wait.models = await self._models_of(wait.ids, wait.deadline)
             except BrokerUnavailable as outage:
                 raise wait.timed_out(outage) from outage
+            pushed: set[str] = set()  # answers pushed to this producer's inbox
             for model, ids in wait.by_model().items():
-                self._listener.expect(model, ids, arrived)
-            enqueued = await admission() if admission is not None else set()
-            answered = await self._stored(wait, enqueued)
+                pushed |= self._listener.expect(model, ids, arrived)
+            if admission is not None:
+                pushed |= await admission()
+            answered = await self._stored(wait, pushed)
             while True:
                 for result in answered:
                     self._core.answered(result.request_id)
@@ -504,25 +533,35 @@ class AsyncProducer:
         for another), or after a reconnection every stored one (as ``_stored``).
 
         Raises:
-            ResultTimeout: nothing came before the wait's deadline.
+            ResultTimeout: nothing came before the wait's deadline (naming the outage when
+                Redis cannot be reached then).
             BrokerError: the listener's error (a subclass of ``BatchfleetError``).
         """
         try:
             async with asyncio.timeout(wait.left_s()):
                 item = await arrived.get()
         except TimeoutError:
-            raise wait.timed_out() from None
+            raise wait.timed_out(await self._outage()) from None
         if isinstance(item, Reconnected):
             return await self._stored(wait)
         if isinstance(item, BaseException):
             raise item
         return [item] if wait.take(item) else []
 
-    async def _stored(self, wait: ResultWait, enqueued: Collection[str] = ()) -> list[Result]:
-        """The stored results of the ids ``wait`` still waits for; see ``Producer._stored``.
-        Waits of one loop turn share their watch calls."""
+    async def _outage(self) -> BrokerUnavailable | None:
+        """Why Redis cannot be reached now (one ``PING``); None when it can."""
+        try:
+            with broker_errors():
+                await self._client.ping()
+        except BrokerUnavailable as outage:
+            return outage
+        return None
+
+    async def _stored(self, wait: ResultWait, pushed: Collection[str] = ()) -> list[Result]:
+        """The stored results of the ids ``wait`` still waits for, but ``pushed``; see
+        ``Producer._stored``. Waits of one loop turn share their watch calls."""
         stored = []
-        for model, ids in wait.by_model(skipping=enqueued).items():
+        for model, ids in wait.by_model(skipping=pushed).items():
             for batch in chunks(ids, self._core.settings.submit_chunk):
                 watch = partial(self._watch_ids, (model, batch))
                 try:

@@ -4,6 +4,11 @@ Each ``results`` call waits on one queue of its own (``queue.SimpleQueue`` for `
 ``asyncio.Queue`` for ``AsyncProducer``, whose listener runs on the caller's loop), registered
 for every id it waits for: a delivered result, or the error that ended the wait, is put there;
 so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
+
+Ids can also be *held*: their answers will be pushed to this inbox though no call waits for
+them yet (``AsyncProducer.submit`` admits its request so). A held id's answer that arrives
+before its wait is kept, a bounded number of them, for the wait that comes; a wait for a held
+id needs no watch call.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Iterable, Sequence
 from time import monotonic
-from typing import Protocol
+from typing import Any, Protocol
 
 from config.errors import BrokerUnavailable, ResultTimeout
 from config.schema import Result
@@ -32,18 +37,49 @@ class ResultQueue(Protocol):
     def put_nowait(self, item: Arrival, /) -> None: ...
 
 
+# Held ids, and answers of held ids that came before their wait, kept at most: beyond them
+# the oldest is forgotten, and its wait reads the stored answer with a watch call.
+HELD_KEPT = 4096
+
+
 class Waiters:
-    """The queues waiting for each request id's result; thread-safe."""
+    """The queues waiting for each request id's result, and the held ids; thread-safe."""
 
     def __init__(self) -> None:
         self._waiting: dict[str, list[ResultQueue]] = {}
+        self._held: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
+        self._early: dict[str, Result] = {}
         self._lock = threading.Lock()
 
-    def add(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
-        """Registers ``queue`` for the result of each of ``request_ids``."""
+    def add(self, request_ids: Iterable[str], queue: ResultQueue) -> set[str]:
+        """Registers ``queue`` for the result of each of ``request_ids``; returns those whose
+        answers need no watch call: held ones, and those that came early (put in ``queue``
+        now)."""
+        covered = set()
         with self._lock:
             for request_id in request_ids:
+                early = self._early.pop(request_id, None)
+                if early is not None:
+                    queue.put_nowait(early)
+                    covered.add(request_id)
+                    continue
+                if request_id in self._held:
+                    covered.add(request_id)
                 self._waiting.setdefault(request_id, []).append(queue)
+        return covered
+
+    def hold(self, request_ids: Iterable[str]) -> None:
+        """Holds ``request_ids``: their answers will be pushed here."""
+        with self._lock:
+            for request_id in request_ids:
+                self._held[request_id] = None
+            _keep_newest(self._held)
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        """Stops holding ``request_ids`` (their admission did not enqueue them)."""
+        with self._lock:
+            for request_id in request_ids:
+                self._held.pop(request_id, None)
 
     def remove(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
         """Stops waiting with ``queue``; results that arrive later are dropped."""
@@ -60,6 +96,11 @@ class Waiters:
         for result in results:
             with self._lock:
                 queues = self._waiting.pop(result.request_id, [])
+                held = result.request_id in self._held
+                self._held.pop(result.request_id, None)
+                if held and not queues:
+                    self._early[result.request_id] = result
+                    _keep_newest(self._early)
             for queue in queues:
                 queue.put_nowait(result)
 
@@ -68,16 +109,25 @@ class Waiters:
         it once."""
         with self._lock:
             waiting, self._waiting = self._waiting, {}
+            self._held.clear()
         for queue in distinct_queues(waiting):
             queue.put_nowait(error)
 
     def reconnected(self) -> None:
         """Tells every waiting queue, once, that the listener is back (``RECONNECTED``); the
-        waits stay registered."""
+        waits stay registered. No id stays held: a push may have been lost meanwhile, so a
+        wait that comes later reads the stored answer."""
         with self._lock:
             queues = distinct_queues(self._waiting)
+            self._held.clear()
         for queue in queues:
             queue.put_nowait(RECONNECTED)
+
+
+def _keep_newest(kept: dict[str, Any]) -> None:
+    """Forgets the oldest entries of ``kept`` beyond ``HELD_KEPT``."""
+    while len(kept) > HELD_KEPT:
+        del kept[next(iter(kept))]
 
 
 def distinct_queues(waiting: dict[str, list[ResultQueue]]) -> list[ResultQueue]:

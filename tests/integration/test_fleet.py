@@ -11,6 +11,7 @@ import redis
 
 from config.keys import Keys
 from producer.async_client import AsyncProducer
+from tests.script_slots import ScriptCalls
 from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 from workers.runtime.gpu import gpu_count
@@ -85,6 +86,48 @@ def test_thousand_requests_through_async_producer(make_fleet: Callable[..., Loca
         outcome["outputs"],  # type: ignore[arg-type]
         {request_id: expected_output({"n": index}) for index, request_id in enumerate(ids)},
     )
+
+
+def test_an_async_submit_needs_no_watch_call_even_when_its_answer_came_first(
+    make_fleet: Callable[..., LocalFleet], script_calls: ScriptCalls
+) -> None:
+    """AsyncProducer.submit admits its request with the producer as its waiter: ``result``
+    reads no stored answer (no watch call), also when the answer reached the producer's
+    inbox, and its listener took it, before ``result`` was called."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    settings = settings_for({k: v for k, v in fleet.env.items() if k.startswith("BATCHFLEET_")})
+    keys = Keys(settings.key_prefix)
+    store = redis.Redis.from_url(settings.redis_url.get_secret_value())
+
+    async def answered_first(producer: AsyncProducer, request_id: str) -> None:
+        """Until the answer is written (its push with it) and taken from the inbox."""
+        inbox = keys.inbox("synthetic", producer.producer_id)
+        async with asyncio.timeout(60):
+            while not store.exists(keys.result("synthetic", request_id)) or store.llen(inbox):
+                await asyncio.sleep(0.01)
+
+    async def scenario() -> list[object]:
+        async with AsyncProducer(settings) as producer:
+            await producer.result(await producer.submit("synthetic", "warmup"), timeout_s=60)
+            request_id = await producer.submit("synthetic", "came first")
+            await answered_first(producer, request_id)
+            waited = await producer.result(request_id, timeout_s=30)
+            concurrent = await asyncio.gather(*(waited_for(producer, {"n": n}) for n in range(100)))
+            return [waited, *concurrent]
+
+    try:
+        outputs = asyncio.run(scenario())
+    finally:
+        store.close()
+    expected = [expected_output("came first"), *(expected_output({"n": n}) for n in range(100))]
+    assert outputs == expected
+    assert "admit" in script_calls.names() and "watch" not in script_calls.names()
+
+
+async def waited_for(producer: AsyncProducer, value: object) -> object:
+    return await producer.result(await producer.submit("synthetic", value), timeout_s=60)
 
 
 def test_a_prefork_worker_runs_batches_in_its_children(

@@ -1,0 +1,96 @@
+"""Held ids (``Waiters``): an answer pushed before its wait is kept for that wait, a bounded
+number of them; whatever is not kept is read by a watch call, never waited for in vain."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from config.schema import Result
+from producer import waiters
+from producer.waiters import RECONNECTED, Arrival, Waiters
+
+
+def answer(request_id: str) -> Result:
+    return Result(request_id=request_id, model="synthetic", output=request_id, finished_at=0.0)
+
+
+def taken(arrivals: queue.SimpleQueue[Arrival]) -> list[Arrival]:
+    items = []
+    while not arrivals.empty():
+        items.append(arrivals.get_nowait())
+    return items
+
+
+def test_an_answer_that_comes_before_its_wait_is_handed_to_the_wait() -> None:
+    registry, arrivals = Waiters(), queue.SimpleQueue[Arrival]()
+    registry.hold(["early", "late"])
+    registry.deliver([answer("early")])
+    assert registry.add(["early", "late"], arrivals) == {"early", "late"}
+    assert taken(arrivals) == [answer("early")]
+    registry.deliver([answer("late")])
+    assert taken(arrivals) == [answer("late")]
+
+
+def test_a_wait_takes_an_early_answer_once() -> None:
+    """A second wait for the same id is not covered: it reads the stored answer."""
+    registry, first, second = Waiters(), queue.SimpleQueue[Arrival](), queue.SimpleQueue[Arrival]()
+    registry.hold(["id"])
+    registry.deliver([answer("id")])
+    assert registry.add(["id"], first) == {"id"}
+    assert registry.add(["id"], second) == set()
+    assert taken(first) == [answer("id")] and taken(second) == []
+
+
+def test_answers_of_ids_not_held_are_not_kept() -> None:
+    registry, arrivals = Waiters(), queue.SimpleQueue[Arrival]()
+    registry.hold(["released"])
+    registry.release(["released"])
+    registry.deliver([answer("released"), answer("stranger")])
+    assert registry.add(["released", "stranger"], arrivals) == set()
+    assert taken(arrivals) == []
+
+
+def test_beyond_the_bound_the_oldest_early_answers_are_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A producer that submits and never waits keeps at most HELD_KEPT answers; a wait for a
+    forgotten one is not covered, so it reads the stored answer."""
+    monkeypatch.setattr(waiters, "HELD_KEPT", 3)
+    registry, arrivals = Waiters(), queue.SimpleQueue[Arrival]()
+    ids = [f"r{n}" for n in range(5)]
+    registry.hold(ids)
+    registry.deliver([answer(request_id) for request_id in ids])
+    assert registry.add(ids, arrivals) == {"r2", "r3", "r4"}
+    assert taken(arrivals) == [answer("r2"), answer("r3"), answer("r4")]
+
+
+def test_beyond_the_bound_the_oldest_held_ids_are_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(waiters, "HELD_KEPT", 2)
+    registry, arrivals = Waiters(), queue.SimpleQueue[Arrival]()
+    registry.hold(["a", "b", "c"])
+    assert registry.add(["a", "b", "c"], arrivals) == {"b", "c"}
+
+
+def test_after_a_reconnection_no_id_is_held() -> None:
+    """A push may have been lost while the listener was away: later waits read the stored
+    answers; waits already registered are told to read them again."""
+    registry, waiting, later = Waiters(), queue.SimpleQueue[Arrival](), queue.SimpleQueue[Arrival]()
+    registry.hold(["waited", "not yet"])
+    assert registry.add(["waited"], waiting) == {"waited"}
+    registry.reconnected()
+    assert taken(waiting) == [RECONNECTED]
+    assert registry.add(["not yet"], later) == set()
+    registry.deliver([answer("waited")])
+    assert taken(waiting) == [answer("waited")]
+
+
+def test_a_burst_of_single_submits_holds_only_the_newest() -> None:
+    """At the real bound: three bounds' worth of held ids keep the newest bound's worth."""
+    registry, arrivals = Waiters(), queue.SimpleQueue[Arrival]()
+    ids = [f"r{n}" for n in range(3 * waiters.HELD_KEPT)]
+    registry.hold(ids)
+    assert registry.add(ids, arrivals) == set(ids[-waiters.HELD_KEPT :])
