@@ -53,7 +53,7 @@ from producer.admission import (
 from producer.client import LISTEN_BLOCK_S
 from producer.outages import Backoff, call_until_async, single_try_async
 from producer.turn_batches import TurnBatch
-from producer.waiters import Arrival, Reconnected, ResultQueue, ResultWait, Waiters
+from producer.waiters import AsyncArrivals, Reconnected, ResultQueue, ResultWait, Waiters
 
 MAX_CONNECTIONS = 32
 
@@ -502,7 +502,7 @@ class AsyncProducer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
-        arrived: asyncio.Queue[Arrival] = asyncio.Queue()
+        arrived = AsyncArrivals()
         try:
             try:
                 wait.models = await self._models_of(wait.ids, wait.deadline)
@@ -528,7 +528,7 @@ class AsyncProducer:
         finally:
             self._listener.forget(wait.ids, arrived)
 
-    async def _arrived(self, wait: ResultWait, arrived: asyncio.Queue[Arrival]) -> list[Result]:
+    async def _arrived(self, wait: ResultWait, arrived: AsyncArrivals) -> list[Result]:
         """What the inbox listener brings next for ``wait``: an answer it waits for (none
         for another), or after a reconnection every stored one (as ``_stored``).
 
@@ -538,8 +538,7 @@ class AsyncProducer:
             BrokerError: the listener's error (a subclass of ``BatchfleetError``).
         """
         try:
-            async with asyncio.timeout(wait.left_s()):
-                item = await arrived.get()
+            item = await arrived.get(wait.left_s())
         except TimeoutError:
             raise wait.timed_out(await self._outage()) from None
         if isinstance(item, Reconnected):

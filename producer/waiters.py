@@ -1,7 +1,7 @@
 """Who waits for which request id: the registry a producer's inbox listener delivers into.
 
 Each ``results`` call waits on one queue of its own (``queue.SimpleQueue`` for ``Producer``,
-``asyncio.Queue`` for ``AsyncProducer``, whose listener runs on the caller's loop), registered
+``AsyncArrivals`` for ``AsyncProducer``, whose listener runs on the caller's loop), registered
 for every id it waits for: a delivered result, or the error that ended the wait, is put there;
 so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
 
@@ -13,7 +13,9 @@ id needs no watch call.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from time import monotonic
 from typing import Any, Protocol
@@ -40,6 +42,45 @@ class ResultQueue(Protocol):
 # Held ids, and answers of held ids that came before their wait, kept at most: beyond them
 # the oldest is forgotten, and its wait reads the stored answer with a watch call.
 HELD_KEPT = 4096
+
+
+class AsyncArrivals:
+    """What the inbox listener puts for one ``AsyncProducer`` wait, awaited by that wait
+    alone on the listener's loop: ``asyncio.Queue`` and ``asyncio.timeout`` without what one
+    reader needs not (their setup was ~15% of the producer's CPU with 256 callers)."""
+
+    def __init__(self) -> None:
+        self._items: deque[Arrival] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Arrival, /) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self, timeout_s: float) -> Arrival:
+        """The next item, once there is one.
+
+        Raises:
+            TimeoutError: none came within ``timeout_s``.
+        """
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _wake, self._waiter)
+            try:
+                await self._waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self._items:
+                raise TimeoutError
+        return self._items.popleft()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Waiters:

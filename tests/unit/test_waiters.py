@@ -3,13 +3,14 @@ number of them; whatever is not kept is read by a watch call, never waited for i
 
 from __future__ import annotations
 
+import asyncio
 import queue
 
 import pytest
 
 from config.schema import Result
 from producer import waiters
-from producer.waiters import RECONNECTED, Arrival, Waiters
+from producer.waiters import RECONNECTED, Arrival, AsyncArrivals, Waiters
 
 
 def answer(request_id: str) -> Result:
@@ -94,3 +95,39 @@ def test_a_burst_of_single_submits_holds_only_the_newest() -> None:
     ids = [f"r{n}" for n in range(3 * waiters.HELD_KEPT)]
     registry.hold(ids)
     assert registry.add(ids, arrivals) == set(ids[-waiters.HELD_KEPT :])
+
+
+def test_an_async_wait_gets_what_came_before_and_while_it_waits() -> None:
+    async def scenario() -> list[Arrival]:
+        arrivals = AsyncArrivals()
+        arrivals.put_nowait(answer("before"))
+        first = await arrivals.get(timeout_s=30)
+        asyncio.get_running_loop().call_soon(arrivals.put_nowait, answer("while"))
+        return [first, await arrivals.get(timeout_s=30)]
+
+    assert asyncio.run(scenario()) == [answer("before"), answer("while")]
+
+
+def test_an_async_wait_with_nothing_coming_times_out_and_takes_what_comes_later() -> None:
+    async def scenario() -> Arrival:
+        arrivals = AsyncArrivals()
+        with pytest.raises(TimeoutError):
+            await arrivals.get(timeout_s=0.01)
+        arrivals.put_nowait(RECONNECTED)
+        return await arrivals.get(timeout_s=0)
+
+    assert asyncio.run(scenario()) is RECONNECTED
+
+
+def test_a_cancelled_async_wait_leaves_the_arrivals_usable() -> None:
+    async def scenario() -> Arrival:
+        arrivals = AsyncArrivals()
+        waiting = asyncio.create_task(arrivals.get(timeout_s=30))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        arrivals.put_nowait(answer("after"))
+        return await arrivals.get(timeout_s=30)
+
+    assert asyncio.run(scenario()) == answer("after")
