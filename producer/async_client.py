@@ -53,7 +53,7 @@ from producer.admission import (
 from producer.client import LISTEN_BLOCK_S
 from producer.outages import Backoff, call_until_async, single_try_async
 from producer.turn_batches import TurnBatch
-from producer.waiters import AsyncArrivals, Reconnected, ResultQueue, ResultWait, Waiters
+from producer.waiters import AsyncArrivals, InboxWaits, Reconnected, ResultWait
 
 MAX_CONNECTIONS = 32
 
@@ -90,39 +90,18 @@ def connect_async(settings: Settings) -> aioredis.Redis:
     return aioredis.Redis.from_pool(pool)
 
 
-class AsyncInboxListener:
-    """One task and one blocking read per model's inbox: hands each result pushed there to
-    its waiters."""
+class AsyncInboxListener(InboxWaits):
+    """One task and one blocking read per model's inbox, on the caller's loop: hands each
+    result pushed there to its waiters."""
 
     def __init__(self, client: aioredis.Redis, inbox: Callable[[str], str]) -> None:
+        super().__init__()
         self._client = client
         self._inbox = inbox
-        self._waiters = Waiters()
         self._tasks: dict[str, asyncio.Task[None]] = {}  # by inbox
         self._closed = False
 
-    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> set[str]:
-        """Puts each of ``request_ids``' results (of ``model``) in ``queue`` when it arrives
-        (or the error that ends the wait); the listeners run on the caller's loop. Returns
-        the ids whose answers need no watch call (``Waiters.add``)."""
-        covered = self._waiters.add(request_ids, queue)
-        self._listen(model)
-        return covered
-
-    def hold(self, model: str, request_ids: Iterable[str]) -> None:
-        """Holds ``request_ids`` of ``model``, whose answers will be pushed to its inbox
-        (``Waiters.hold``), and listens there."""
-        self._waiters.hold(request_ids)
-        self._listen(model)
-
-    def release(self, request_ids: Iterable[str]) -> None:
-        self._waiters.release(request_ids)
-
-    def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
-        self._waiters.remove(request_ids, queue)
-
     def _listen(self, model: str) -> None:
-        """Starts listening on ``model``'s inbox, once."""
         inbox = self._inbox(model)
         if inbox not in self._tasks:
             self._tasks[inbox] = asyncio.create_task(self._run(inbox), name="batchfleet-inbox")
@@ -248,12 +227,8 @@ class AsyncProducer:
         deadline_s: float | None = None,
         priority: str = "normal",
     ) -> str:
-        """Enqueues one request and returns its id; see ``Producer.submit``.
-
-        The request is admitted with this producer as its waiter: its answer is pushed to
-        the producer's inbox, and a ``result`` for it here needs no watch call. It is held
-        before the admission is sent, so that an answer that comes first is kept for the
-        ``result`` that follows."""
+        """Enqueues one request and returns its id; see ``Producer.submit`` (this producer
+        becomes its waiter)."""
         ids = None if request_id is None else [request_id]
         (prepared,) = await self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority

@@ -39,28 +39,25 @@ from producer.admission import (
     read_inbox,
 )
 from producer.outages import Backoff, call_until, single_try
-from producer.waiters import Arrival, Reconnected, ResultQueue, ResultWait, Waiters
+from producer.waiters import Arrival, InboxWaits, Reconnected, ResultWait
 
 LISTEN_BLOCK_S = 1
 WAKE_SENTINEL = ""
 
 
-class InboxListener:
+class InboxListener(InboxWaits):
     """One thread and one blocking read per model's inbox: hands each result pushed there to
     its waiters."""
 
     def __init__(self, client: redis.Redis, inbox: Callable[[str], str]) -> None:
+        super().__init__()
         self._client = client
         self._inbox = inbox
-        self._waiters = Waiters()
         self._closed = threading.Event()
         self._threads: dict[str, threading.Thread] = {}  # by inbox
         self._start_lock = threading.Lock()
 
-    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> None:
-        """Puts each of ``request_ids``' results (of ``model``) in ``queue`` when it arrives
-        (or the error that ends the wait)."""
-        self._waiters.add(request_ids, queue)
+    def _listen(self, model: str) -> None:
         inbox = self._inbox(model)
         with self._start_lock:
             if inbox not in self._threads:
@@ -69,9 +66,6 @@ class InboxListener:
                 )
                 self._threads[inbox] = thread
                 thread.start()
-
-    def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
-        self._waiters.remove(request_ids, queue)
 
     def close(self) -> None:
         """Stops the listening threads and deletes their inboxes."""
@@ -199,6 +193,11 @@ class Producer:
     ) -> str:
         """Enqueues one request and returns its id.
 
+        The request is admitted with this producer as its waiter: its answer is pushed to
+        the producer's inbox, and a ``result`` for it here needs no watch call. It is held
+        before the admission is sent, so that an answer that comes first is kept for the
+        ``result`` that follows.
+
         Args:
             model: a model the fleet serves.
             input: any JSON-serialisable value, at most the model's ``max_input_bytes``.
@@ -216,8 +215,15 @@ class Producer:
         (prepared,) = self._prepare(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
-        (reply,) = self._admitted(self._admit, [prepared], self._core.admit_call)
-        self._core.check_admission(prepared, reply)
+        self._listener.hold(model, [prepared.request_id])
+        reply: str | bytes = ""
+        try:
+            call = partial(self._core.admit_call, waiting=True)
+            (reply,) = self._admitted(self._admit, [prepared], call)
+            self._core.check_admission(prepared, reply)
+        finally:
+            if not self._core.enqueued([prepared], [reply]):
+                self._listener.release([prepared.request_id])
         self._core.submitted(model, [prepared.request_id])
         return prepared.request_id
 
@@ -457,8 +463,9 @@ class Producer:
         admission: Callable[[], set[str]] | None = None,
     ) -> Iterator[Result]:
         """``results``; with ``admission``, the requests are admitted once the inbox listener
-        expects them (their answers can come at once), and the ids it returns (enqueued with
-        this producer's inbox as their waiter) need no watch call."""
+        expects them (their answers can come at once). Ids whose answers are pushed to this
+        producer's inbox (held by ``submit``, or enqueued by ``admission``) need no watch
+        call."""
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         wait = ResultWait(request_ids, timeout_s)
@@ -467,16 +474,18 @@ class Producer:
         except BrokerUnavailable as outage:
             raise wait.timed_out(outage) from outage
         arrived: SimpleQueue[Arrival] = SimpleQueue()
+        pushed: set[str] = set()  # answers pushed to this producer's inbox
         for model, ids in wait.by_model().items():
-            self._listener.expect(model, ids, arrived)
+            pushed |= self._listener.expect(model, ids, arrived)
         try:
-            enqueued = admission() if admission is not None else set()
-            yield from self._stored(wait, enqueued)
+            if admission is not None:
+                pushed |= admission()
+            yield from self._stored(wait, pushed)
             while wait.waiting:
                 try:
                     item = arrived.get(timeout=wait.left_s())
                 except Empty:
-                    raise wait.timed_out() from None
+                    raise wait.timed_out(self._outage()) from None
                 if isinstance(item, Reconnected):
                     yield from self._stored(wait)
                 elif isinstance(item, BaseException):
@@ -486,12 +495,21 @@ class Producer:
         finally:
             self._listener.forget(wait.ids, arrived)
 
-    def _stored(self, wait: ResultWait, enqueued: Collection[str] = ()) -> Iterator[Result]:
-        """Yields the stored results of the ids ``wait`` still waits for, but those just
-        ``enqueued`` waiting, registering this producer's inbox for the others: one watch call
-        per ``submit_chunk`` ids, each tried until the wait's deadline while Redis cannot be
-        reached."""
-        for model, ids in wait.by_model(skipping=enqueued).items():
+    def _outage(self) -> BrokerUnavailable | None:
+        """Why Redis cannot be reached now (one ``PING``); None when it can."""
+        try:
+            with broker_errors():
+                self._client.ping()
+        except BrokerUnavailable as outage:
+            return outage
+        return None
+
+    def _stored(self, wait: ResultWait, pushed: Collection[str] = ()) -> Iterator[Result]:
+        """Yields the stored results of the ids ``wait`` still waits for, but those whose
+        answers are ``pushed`` to this producer's inbox, registering this producer's inbox for
+        the others: one watch call per ``submit_chunk`` ids, each tried until the wait's
+        deadline while Redis cannot be reached."""
+        for model, ids in wait.by_model(skipping=pushed).items():
             for batch in chunks(ids, self._core.settings.submit_chunk):
                 keys, args = self._core.watch_call(model, batch)
                 try:

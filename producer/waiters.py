@@ -165,6 +165,39 @@ class Waiters:
             queue.put_nowait(RECONNECTED)
 
 
+class InboxWaits:
+    """What a producer's inbox listener offers the producer's waits, over its ``Waiters``;
+    the listener (a thread per inbox for ``Producer``, a task for ``AsyncProducer``) starts
+    listening on a model's inbox in ``_listen``."""
+
+    def __init__(self) -> None:
+        self._waiters = Waiters()
+
+    def expect(self, model: str, request_ids: Iterable[str], queue: ResultQueue) -> set[str]:
+        """Puts each of ``request_ids``' results (of ``model``) in ``queue`` when it arrives
+        (or the error that ends the wait). Returns the ids whose answers need no watch call
+        (``Waiters.add``)."""
+        covered = self._waiters.add(request_ids, queue)
+        self._listen(model)
+        return covered
+
+    def hold(self, model: str, request_ids: Iterable[str]) -> None:
+        """Holds ``request_ids`` of ``model``, whose answers will be pushed to its inbox
+        (``Waiters.hold``), and listens there."""
+        self._waiters.hold(request_ids)
+        self._listen(model)
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        self._waiters.release(request_ids)
+
+    def forget(self, request_ids: Iterable[str], queue: ResultQueue) -> None:
+        self._waiters.remove(request_ids, queue)
+
+    def _listen(self, model: str) -> None:
+        """Starts listening on ``model``'s inbox, once."""
+        raise NotImplementedError
+
+
 def _keep_newest(kept: dict[str, Any]) -> None:
     """Forgets the oldest entries of ``kept`` beyond ``HELD_KEPT``."""
     while len(kept) > HELD_KEPT:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable
 
 import pytest
@@ -86,6 +87,29 @@ def test_thousand_requests_through_async_producer(make_fleet: Callable[..., Loca
         outcome["outputs"],  # type: ignore[arg-type]
         {request_id: expected_output({"n": index}) for index, request_id in enumerate(ids)},
     )
+
+
+def test_a_submit_needs_no_watch_call_even_when_its_answer_came_first(
+    make_fleet: Callable[..., LocalFleet], script_calls: ScriptCalls
+) -> None:
+    """Producer.submit admits its request with the producer as its waiter: ``result`` reads
+    no stored answer (no watch call), also when the answer reached the producer's inbox, and
+    its listener took it, before ``result`` was called."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    store = redis.Redis.from_url(fleet.env["BATCHFLEET_REDIS_URL"])
+    keys = Keys(fleet.env["BATCHFLEET_KEY_PREFIX"])
+    with producer_for(fleet) as producer, store:
+        wait_ready(producer, fleet)
+        request_id = producer.submit("synthetic", "came first")
+        inbox = keys.inbox("synthetic", producer.producer_id)
+        deadline = time.monotonic() + 60
+        while not store.exists(keys.result("synthetic", request_id)) or store.llen(inbox):
+            assert time.monotonic() < deadline, "the answer was not pushed and taken"
+            time.sleep(0.01)
+        assert producer.result(request_id, timeout_s=30) == expected_output("came first")
+    assert "admit" in script_calls.names() and "watch" not in script_calls.names()
 
 
 def test_an_async_submit_needs_no_watch_call_even_when_its_answer_came_first(
