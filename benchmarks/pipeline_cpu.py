@@ -1,13 +1,15 @@
 """The pipeline's own CPU cost: CPU seconds of every process per request and per batch.
 
 Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
-     [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256] [--unix]
+     [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256 | --one-at-a-time] [--unix]
 For each max batch size it starts a private fleet (its own redis-server, reached on loopback
 TCP or with ``--unix`` on its Unix socket; a batcher, one CPU worker serving the synthetic
 model), sends the requests with ``Producer.submit_many`` and
 collects them with ``results`` (with ``--infer``: one ``Producer.infer`` call, whose
 admission makes the producer the requests' waiter, with no watch call; with ``--callers N``:
-N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``), and reads the CPU
+N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``; with
+``--one-at-a-time``: one ``Producer``, a ``submit`` then a ``result`` for each request in
+turn, its throughput the inverse of one request's latency), and reads the CPU
 time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
 producer). It prints µs per request and ms per batch by process, then the Redis commands
 each batch cost (``INFO commandstats``: a script's own commands count too, under their
@@ -134,6 +136,9 @@ def measure(
                 with Producer(fleet.settings) as producer:
                     if args.infer:
                         producer.infer("synthetic", inputs)  # raises a request's error
+                    elif args.one_at_a_time:
+                        for value in inputs:
+                            producer.result(producer.submit("synthetic", value))
                     else:
                         for result in producer.results(producer.submit_many("synthetic", inputs)):
                             if result.error is not None:
@@ -177,6 +182,9 @@ def main() -> None:
     how.add_argument(
         "--callers", type=int, default=0, help="AsyncProducer callers, each submit then result"
     )
+    how.add_argument(
+        "--one-at-a-time", action="store_true", help="Producer.submit then result, in turn"
+    )
     args = parser.parse_args()
     roles = ("batcher", "worker", "redis-server", "producer")
     print(
@@ -188,6 +196,8 @@ def main() -> None:
             if args.callers
             else "Producer.infer"
             if args.infer
+            else "Producer.submit then result, one request at a time"
+            if args.one_at_a_time
             else "Producer.submit_many, then results"
         )
     )
