@@ -6,7 +6,7 @@ for every id it waits for: a delivered result, or the error that ended the wait,
 so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
 
 Ids can also be *held*: their answers will be pushed to this inbox though no call waits for
-them yet (``AsyncProducer.submit`` admits its request so). A held id's answer that arrives
+them yet (``submit`` admits its request so, on either producer). A held id's answer that arrives
 before its wait is kept, a bounded number of them, for the wait that comes; a wait for a held
 id needs no watch call.
 """
