@@ -26,6 +26,7 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +113,16 @@ def measure(
         os.environ["BATCHFLEET_REDIS_URL"] = server.url
         with private_fleet(models) as fleet:
             batcher, worker = fleet.processes.processes
-            readers: dict[str, Callable[[], float]] = {
-                "batcher": lambda: process_cpu_s(batcher.pid),
-                "worker": lambda: process_cpu_s(worker.pid),
-                "redis-server": lambda: process_cpu_s(server.pid),
-                "producer": own_cpu_s,
-            }
             pids = {
                 "batcher": batcher.pid,
                 "worker": worker.pid,
                 "redis-server": server.pid,
                 "producer": os.getpid(),
             }
+            readers: dict[str, Callable[[], float]] = {
+                role: partial(process_cpu_s, pid) for role, pid in pids.items()
+            }
+            readers["producer"] = own_cpu_s  # this process: its own rusage
             switches_before = {role: context_switches(pid) for role, pid in pids.items()}
             before = {name: read() for name, read in readers.items()}
             calls_before = command_calls(server)

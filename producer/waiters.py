@@ -55,8 +55,8 @@ class AsyncArrivals:
 
     def put_nowait(self, item: Arrival, /) -> None:
         self._items.append(item)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     async def get(self, timeout_s: float) -> Arrival:
         """The next item, once there is one.
@@ -88,7 +88,7 @@ class Waiters:
 
     def __init__(self) -> None:
         self._waiting: dict[str, list[ResultQueue]] = {}
-        self._held: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
+        self._held: dict[str, bool] = {}  # insertion-ordered: the oldest is forgotten first
         self._early: dict[str, Result] = {}
         self._lock = threading.Lock()
 
@@ -113,7 +113,7 @@ class Waiters:
         """Holds ``request_ids``: their answers will be pushed here."""
         with self._lock:
             for request_id in request_ids:
-                self._held[request_id] = None
+                self._held[request_id] = True
             _keep_newest(self._held)
 
     def release(self, request_ids: Iterable[str]) -> None:
@@ -137,8 +137,7 @@ class Waiters:
         for result in results:
             with self._lock:
                 queues = self._waiting.pop(result.request_id, [])
-                held = result.request_id in self._held
-                self._held.pop(result.request_id, None)
+                held = self._held.pop(result.request_id, False)
                 if held and not queues:
                     self._early[result.request_id] = result
                     _keep_newest(self._early)
