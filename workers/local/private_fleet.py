@@ -13,12 +13,14 @@ from typing import Any
 from config.connection import connect
 from config.errors import BatchfleetError
 from config.settings import Settings, load_settings
+from producer.admission import chunks
 from producer.client import Producer
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
 from workers.protocol.entries import to_text
 
 READY_TIMEOUT_S = 60.0
+SCAN_PAGE = 1000  # keys a SCAN step returns and one UNLINK deletes
 # The one key Celery's Redis transport shares between exchanges: binding deadlines by name.
 KOMBU_BINDING_DEADLINES = "_kombu.binding_deadlines"
 
@@ -100,8 +102,9 @@ def forget_keys(settings: Settings) -> None:
     client = connect(settings)
     try:
         for pattern in patterns:
-            for key in client.scan_iter(match=pattern, count=1000):
-                client.delete(key)
+            keys = list(client.scan_iter(match=pattern, count=SCAN_PAGE))
+            for page in chunks(keys, SCAN_PAGE):
+                client.unlink(*page)
         members: list[bytes] = client.zrange(KOMBU_BINDING_DEADLINES, 0, -1)  # type: ignore[assignment]
         ours = [member for member in members if to_text(member).startswith(exchanges)]
         if ours:
