@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,14 @@ UNIX_SCHEME = "unix"
 # A worker counts as alive for this many heartbeats after its last one.
 HEARTBEAT_TTL_BEATS = 3
 CONFIG_FILE_ENV = "BATCHFLEET_CONFIG"
+# Worker settings of earlier releases that no longer do anything: accepted with a warning, so
+# that an upgrade does not stop a fleet whose configuration still sets them.
+RETIRED_WORKER_SETTINGS = {
+    "visibility_timeout_s": "Celery no longer delivers a batch again on a Redis broker; a batch"
+    " it drops is reclaimed from the request stream after batcher.reclaim_lease_s",
+}
+
+log = logging.getLogger(__name__)
 
 
 class ModelPolicy(BaseModel):
@@ -113,7 +122,6 @@ class WorkerSettings(BaseModel):
     concurrency: int = Field(2, ge=1)
     soft_time_limit_s: float = Field(10.0, gt=0)
     time_limit_s: float = Field(15.0, gt=0)
-    visibility_timeout_s: float = Field(50.0, gt=0)
     heartbeat_s: float = Field(1.0, gt=0)
     # A batch of more than one input starts only with this much GPU memory free (NVML's view,
     # read every heartbeat); below it, the batch runs in halves. 0: no gate. NVML counts
@@ -122,6 +130,20 @@ class WorkerSettings(BaseModel):
     gpu_min_free_mb: int = Field(0, ge=0)
     # Streaming requests a worker runs at once per model, each on its own, beside its batches.
     stream_concurrency: int = Field(16, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, values: Any) -> Any:
+        """Drops the settings of ``RETIRED_WORKER_SETTINGS``, warning for each one set."""
+        if not isinstance(values, dict):
+            return values
+        for name in RETIRED_WORKER_SETTINGS.keys() & values.keys():
+            log.warning(
+                "worker.%s is set but has no effect: %s", name, RETIRED_WORKER_SETTINGS[name]
+            )
+        return {
+            name: value for name, value in values.items() if name not in RETIRED_WORKER_SETTINGS
+        }
 
     @property
     def heartbeat_ttl_s(self) -> float:
@@ -266,31 +288,30 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_time_limits(self) -> Settings:
-        """Soft < hard time limit < Celery visibility timeout < stream reclaim lease, and a
-        batch that waits for every other batch its worker reserved still finishes within the
-        visibility timeout."""
+        """Soft < hard time limit < stream reclaim lease; a batch that waits for every other
+        batch its worker reserved still finishes within the lease, and a dead worker looks
+        dead before its batch is reclaimed."""
         limits = [
             ("worker.soft_time_limit_s", self.worker.soft_time_limit_s),
             ("worker.time_limit_s", self.worker.time_limit_s),
-            ("worker.visibility_timeout_s", self.worker.visibility_timeout_s),
             ("batcher.reclaim_lease_s", self.batcher.reclaim_lease_s),
         ]
         for (low_name, low), (high_name, high) in itertools.pairwise(limits):
             if not low < high:
                 raise ValueError(f"{low_name} ({low}) must be below {high_name} ({high})")
-        # A reserved batch may wait for every other reserved batch before its own run.
+        # A reserved batch may wait for every other reserved batch before its own run, and its
+        # requests' lease runs from the batcher's read until the batch starts.
         reserved = self.worker.celery_concurrency
-        if not reserved * self.worker.time_limit_s < self.worker.visibility_timeout_s:
+        if not reserved * self.worker.time_limit_s < self.batcher.reclaim_lease_s:
             raise ValueError(
                 f"{reserved} reserved batches x worker.time_limit_s ({self.worker.time_limit_s})"
-                f" must be below worker.visibility_timeout_s ({self.worker.visibility_timeout_s})"
+                f" must be below batcher.reclaim_lease_s ({self.batcher.reclaim_lease_s})"
             )
-        if not self.worker.heartbeat_ttl_s < self.worker.visibility_timeout_s:
+        if not self.worker.heartbeat_ttl_s < self.batcher.reclaim_lease_s:
             raise ValueError(
                 f"{HEARTBEAT_TTL_BEATS} x worker.heartbeat_s ({self.worker.heartbeat_s}) must be "
-                "below "
-                f"worker.visibility_timeout_s ({self.worker.visibility_timeout_s}): a dead "
-                "worker must look dead before Celery delivers its batch again"
+                f"below batcher.reclaim_lease_s ({self.batcher.reclaim_lease_s}): a dead "
+                "worker must look dead before its batch is reclaimed"
             )
         if not self.models:
             raise ValueError("models: at least one model must be configured")

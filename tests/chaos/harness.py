@@ -49,12 +49,11 @@ from workers.protocol.entries import to_text
 
 PREFIX = "chaos"
 REDIS_HOST = "redis"
-# Production's ordering (soft < hard < visibility < lease, reserved batches x hard <
-# visibility), in seconds instead of tens of seconds, so that recovery is quick.
+# Production's ordering (soft < hard < lease, reserved batches x hard < lease), in seconds
+# instead of tens of seconds, so that recovery is quick.
 CHAOS_LIMITS = {
     "BATCHFLEET_WORKER__SOFT_TIME_LIMIT_S": "1",
     "BATCHFLEET_WORKER__TIME_LIMIT_S": "2",
-    "BATCHFLEET_WORKER__VISIBILITY_TIMEOUT_S": "7",
     "BATCHFLEET_BATCHER__RECLAIM_LEASE_S": "8",
 }
 READY_TIMEOUT_S = 60.0

@@ -69,18 +69,39 @@ def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) 
     ("field", "value"),
     [
         ("WORKER__TIME_LIMIT_S", "10"),
-        ("WORKER__VISIBILITY_TIMEOUT_S", "25"),
         ("BATCHER__RECLAIM_LEASE_S", "40"),
         ("WORKER__CONCURRENCY", "3"),
+        ("WORKER__HEARTBEAT_S", "20"),
     ],
 )
 def test_time_limits_must_be_ordered(
     monkeypatch: pytest.MonkeyPatch, field: str, value: str
 ) -> None:
-    """soft < hard limit < visibility timeout < reclaim lease, or the fleet refuses to start."""
+    """soft < hard limit < reclaim lease, reserved batches x hard limit < lease and a dead
+    worker seen dead before the lease ends, or the fleet refuses to start."""
     monkeypatch.setenv(f"BATCHFLEET_{field}", value)
     with pytest.raises(ConfigError, match="must be below"):
         load_settings()
+
+
+@pytest.mark.parametrize("source", ["environment", "config file"])
+def test_a_retired_setting_starts_the_fleet_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    source: str,
+) -> None:
+    """A configuration of an earlier release that sets the Celery visibility timeout still
+    loads: the setting is named in a warning saying it has no effect, not refused."""
+    if source == "environment":
+        monkeypatch.setenv("BATCHFLEET_WORKER__VISIBILITY_TIMEOUT_S", "50")
+    else:
+        config = tmp_path / "batchfleet.toml"
+        config.write_text("[worker]\nvisibility_timeout_s = 50\n")
+        monkeypatch.setenv("BATCHFLEET_CONFIG", str(config))
+    settings = load_settings()
+    assert settings.worker.time_limit_s == 15.0
+    assert "worker.visibility_timeout_s is set but has no effect" in caplog.text
 
 
 def test_bad_values_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
