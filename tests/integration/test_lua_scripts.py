@@ -105,7 +105,7 @@ def answer(item: Prepared, entry_id: str, version: str | None = None) -> Answer:
         submitted_at=request.submitted_at,
         finished_at=request.submitted_at,
     )
-    return Answer(entry_id=entry_id, result=result, digest=item.digest, ttl_s=60)
+    return Answer.of(entry_id, result, item.digest, ttl_s=60)
 
 
 def entry_of(client: redis.Redis, item: Prepared) -> str:

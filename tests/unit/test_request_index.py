@@ -57,7 +57,7 @@ def producer(settings: Settings, server: fakeredis.FakeServer) -> Iterator[Produ
 def answer(server: fakeredis.FakeServer, model: str, request_id: str) -> None:
     """Writes the request's answer as a worker of ``model`` does, waking its waiters."""
     result = Result(request_id=request_id, model=model, output=f"{model} out", finished_at=0)
-    answer = Answer(entry_id="", result=result, digest="", ttl_s=60)
+    answer = Answer.of("", result, digest="", ttl_s=60)
     ResultWriter(fakeredis.FakeRedis(server=server), KEYS, model).finalize([answer])
 
 

@@ -11,9 +11,10 @@ from config.schema import (
     Result,
     cache_entry,
     canonical_json,
-    check_json,
     encode_request,
+    encode_result,
     input_digest,
+    output_json,
 )
 
 
@@ -83,16 +84,22 @@ def test_canonical_json_sorts_keys_and_refuses_what_json_cannot_carry() -> None:
         "\ud800",
     ],
 )
-def test_check_json_accepts_and_refuses_what_canonical_json_does(value: object) -> None:
-    """The fast check of model outputs (a flat list of floats is not encoded) agrees with
-    encoding them."""
+def test_an_output_is_encoded_as_canonical_json_checks_it(value: object) -> None:
+    """A model output is accepted and refused as ``canonical_json`` accepts and refuses it
+    (a flat list of floats goes through pydantic's serializer), and means the same JSON."""
     try:
-        canonical_json(value)
+        canonical = canonical_json(value)
     except InvalidInput:
         with pytest.raises(InvalidInput):
-            check_json(value)
+            output_json(value)
     else:
-        check_json(value)
+        assert json.loads(output_json(value)) == json.loads(canonical)
+
+
+def test_an_output_keeps_its_own_key_order() -> None:
+    """Only a digest needs sorted keys: an answer carries the output as the model made it."""
+    assert output_json({"label": "cat", "score": 0.5}) == '{"label":"cat","score":0.5}'
+    assert output_json({"score": 0.5, "label": "cat"}) == '{"score":0.5,"label":"cat"}'
 
 
 def test_result_unwrap_raises_the_error_for_its_code() -> None:
@@ -136,6 +143,37 @@ def test_fast_request_encoding_decodes_to_the_same_request() -> None:
         deadline_at=1796045533.987654,
     )
     assert json.loads(wire) == json.loads(request.encode())
+
+
+def test_fast_result_encoding_decodes_to_the_same_result() -> None:
+    """The worker's hand-built wire form is exactly a Result, strings and floats intact."""
+    request = make_request(request_id='id "quoted" é', model="model/1", submitted_at=1796045473.25)
+    output = {"z": [0.1, 1e-07], "a": "é \u2028"}
+    wire = encode_result(
+        request,
+        output_json(output),
+        model_version='v"2',
+        batch_id="b-1",
+        batch_size=32,
+        flush_reason=None,
+        model_s=0.00264,
+        worker="w0@host",
+        finished_at=1796045473.987654,
+    )
+    result = Result.decode(wire)
+    assert result == Result(
+        request_id='id "quoted" é',
+        model="model/1",
+        model_version='v"2',
+        output=output,
+        batch_id="b-1",
+        batch_size=32,
+        model_s=0.00264,
+        worker="w0@host",
+        submitted_at=1796045473.25,
+        finished_at=1796045473.987654,
+    )
+    assert json.loads(wire) == json.loads(result.encode())
 
 
 def test_a_cache_entry_tags_its_output_with_the_versions_byte_length_and_the_version() -> None:

@@ -78,7 +78,7 @@ def read_entries(entries: Sequence[StreamEntry], model: str, result_ttl_s: float
                 read.dropped.append(entry_id)
             else:
                 result = error_result(request_id, model, "invalid_input", str(exc))
-                read.invalid.append(Answer(entry_id, result, digest="", ttl_s=result_ttl_s))
+                read.invalid.append(Answer.of(entry_id, result, digest="", ttl_s=result_ttl_s))
             continue
         read.decoded.append((entry_id, raw, request))
     return read

@@ -8,6 +8,7 @@ back one that has expired.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from config import lua, stats_fields
 from config.errors import InvalidInput
 from config.keys import CONSUMER_GROUP, DEVICE_CONSUMER_SUFFIX, Keys
 from config.replica_wait import ReplicaWait
-from config.schema import ErrorCode, ErrorInfo, Request, Result, cache_entry, canonical_json
+from config.schema import ErrorCode, ErrorInfo, Request, Result, cache_entry, output_json
 
 DEAD_LETTER_MAXLEN = 10_000
 RECENT_LATENCIES = 2000  # the answers `batchfleet top` computes latency percentiles from
@@ -34,12 +35,30 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Answer:
-    """A request's final answer, with the stream entry it closes."""
+    """A request's final answer as the finalize script takes it, with the stream entry it
+    closes: the result's JSON, the stats field counting it, its latency sample and, for an
+    output a model version computed, what the response cache keeps of it."""
 
     entry_id: str
-    result: Result
+    request_id: str
+    payload: str
+    counted_as: str
+    latency: str
     digest: str
     ttl_s: float
+    cached: tuple[str, str] | None = None  # (model version, output JSON)
+
+    @classmethod
+    def of(cls, entry_id: str, result: Result, digest: str, ttl_s: float) -> Answer:
+        """The answer that writes ``result``."""
+        payload, counted_as = encode_answer(result)
+        cached = None
+        # An output that is not JSON (a set, bytes…) is answered but not cached.
+        if counted_as == stats_fields.COMPLETED and result.model_version is not None:
+            with contextlib.suppress(InvalidInput):
+                cached = (result.model_version, output_json(result.output))
+        latency = latency_sample(result.finished_at, result.submitted_at)
+        return cls(entry_id, result.request_id, payload, counted_as, latency, digest, ttl_s, cached)
 
 
 def error_result(
@@ -62,7 +81,7 @@ def error_answer(
     result = error_result(
         request.request_id, request.model, code, message, submitted_at=request.submitted_at
     )
-    return Answer(entry_id=entry_id, result=result, digest=request.digest, ttl_s=ttl_s)
+    return Answer.of(entry_id, result, request.digest, ttl_s)
 
 
 def poison_answer(request: Request, entry_id: str, attempts: int, ttl_s: float) -> Answer:
@@ -97,12 +116,12 @@ def encode_answer(result: Result) -> tuple[str, str]:
     return payload, stats_fields.failed(result.error.code)
 
 
-def latency_sample(result: Result) -> str:
-    """The answer's entry in the model's list of recent latencies (``finished_at:latency``,
+def latency_sample(finished_at: float, submitted_at: float | None) -> str:
+    """An answer's entry in the model's list of recent latencies (``finished_at:latency``,
     read by ``batchfleet top``); '' without a submit time."""
-    if result.submitted_at is None:
+    if submitted_at is None:
         return ""
-    return f"{result.finished_at:.3f}:{result.finished_at - result.submitted_at:.4f}"
+    return f"{finished_at:.3f}:{finished_at - submitted_at:.4f}"
 
 
 class ResultWriter:
@@ -147,15 +166,13 @@ class ResultWriter:
             ]
             args: list[str | int] = [CONSUMER_GROUP, RECENT_LATENCIES]
             for answer in answers[start : start + FINALIZE_CHUNK]:
-                result = answer.result
-                payload, counted_as = encode_answer(result)
                 keys += [
-                    self._keys.result(self._model, result.request_id),
-                    self._keys.record(self._model, result.request_id),
-                    self._keys.waiters(self._model, result.request_id),
+                    self._keys.result(self._model, answer.request_id),
+                    self._keys.record(self._model, answer.request_id),
+                    self._keys.waiters(self._model, answer.request_id),
                 ]
-                args += [payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
-                args += [counted_as, latency_sample(result)]
+                args += [answer.payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
+                args += [answer.counted_as, answer.latency]
             statuses += self._write(keys, args)
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
@@ -175,15 +192,11 @@ class ResultWriter:
         """Adds each computed output to the model's response cache, tagged with the version
         that computed it."""
         for answer in answers:
-            result = answer.result
-            if result.error is not None or result.model_version is None:
+            if answer.cached is None:
                 continue
-            try:
-                output = canonical_json(result.output)
-            except InvalidInput:
-                continue  # answered model_error by encode_answer: nothing to cache
+            version, output = answer.cached
             key = self._keys.cache(self._model, answer.digest)
-            pipe.set(key, cache_entry(result.model_version, output), px=self._cache_ttl_ms)
+            pipe.set(key, cache_entry(version, output), px=self._cache_ttl_ms)
 
     def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:
         """Copies requests given up as poison (entry id, raw request, deaths) to the model's

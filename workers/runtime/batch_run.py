@@ -72,7 +72,7 @@ class BatchRun:
         for (entry_id, _, request), answered in zip(decoded, done, strict=True):
             if answered:
                 self.answers.append(
-                    Answer(entry_id, _placeholder(request), request.digest, self.ttl_s)
+                    Answer.of(entry_id, _placeholder(request), request.digest, self.ttl_s)
                 )
             elif request.deadline_at <= now:
                 self.answers.append(

@@ -201,7 +201,7 @@ class StreamLane:
                 submitted_at=request.submitted_at,
                 finished_at=time.time(),
             )
-            answer = Answer("", result, request.digest, ttl_s)
+            answer = Answer.of("", result, request.digest, ttl_s)
             last = last_chunk(output or {})
         (status,) = self._writer.finalize([answer])
         if status == "written":
