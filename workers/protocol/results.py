@@ -57,8 +57,16 @@ class Answer:
         if counted_as == stats_fields.COMPLETED and result.model_version is not None:
             with contextlib.suppress(InvalidInput):
                 cached = (result.model_version, output_json(result.output))
-        latency = latency_sample(result.finished_at, result.submitted_at)
-        return cls(entry_id, result.request_id, payload, counted_as, latency, digest, ttl_s, cached)
+        return cls(
+            entry_id=entry_id,
+            request_id=result.request_id,
+            payload=payload,
+            counted_as=counted_as,
+            latency=latency_sample(result.finished_at, result.submitted_at),
+            digest=digest,
+            ttl_s=ttl_s,
+            cached=cached,
+        )
 
 
 def error_result(

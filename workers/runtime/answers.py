@@ -49,13 +49,13 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
             )
             answers.append(
                 Answer(
-                    entry_id,
-                    request.request_id,
-                    payload,
-                    stats_fields.COMPLETED,
-                    latency_sample(run.finished_at, request.submitted_at),
-                    request.digest,
-                    batch.ttl_s,
+                    entry_id=entry_id,
+                    request_id=request.request_id,
+                    payload=payload,
+                    counted_as=stats_fields.COMPLETED,
+                    latency=latency_sample(run.finished_at, request.submitted_at),
+                    digest=request.digest,
+                    ttl_s=batch.ttl_s,
                     cached=(version, encoded),
                 )
             )
