@@ -365,6 +365,32 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
     assert fake_redis.xlen(STREAM) == 2
 
 
+def test_requests_read_while_redis_lost_its_scripts_are_still_sent(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """Redis restarted with its data (or flushed its scripts) between two reads: the capacity
+    count that travels with a read is refused for want of its script and made again alone,
+    and the requests that read took go out in the next batch instead of waiting out the
+    lease."""
+    add_worker(fake_redis)
+    producer.submit_many("synthetic", ["a", "b", "c", "d"])
+    batcher.step()
+    batcher.step()
+    assert len(celery.sent) == 1
+    ahead = producer.submit_many("synthetic", ["e", "f", "g", "h"])
+    fake_redis.script_flush()
+    batcher.step()  # the one slot is busy: the next full batch is read ahead
+    first_batch_id = celery.sent[0]["args"][1]
+    FleetState(fake_redis, KEYS, "synthetic").batch_done(first_batch_id, lease_s=55)
+    batcher.step()
+    batcher.step()
+    assert len(celery.sent) == 2
+    assert [Request.decode(raw).request_id for _, raw in celery.sent[1]["args"][2]] == ahead
+
+
 def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) -> list[Any]:
     """Entries a worker read onto its device and then died holding, as a reclaim hands them
     over."""

@@ -106,8 +106,9 @@ class ModelBatcher:
         self._next_backlog_scan = 0.0
         self._backlog_cursor = "0-0"
         self._sending_full = False
-        # The capacity the last dispatch or slot wait counted, for the next step's decision
-        # only: a slot freed after a dispatch wakes the wait that follows, which counts again.
+        # The capacity the last dispatch, slot wait or read counted, for the next step's
+        # decision only: a slot freed after a dispatch wakes the wait that follows, which
+        # counts again.
         self._counted: Capacity | None = None
         self.failed = False
 
@@ -198,7 +199,7 @@ class ModelBatcher:
                 # Room for a full batch ahead, and the last batch left full (the stream is
                 # deep): fill the pool, and send it if it is full. Otherwise unread requests
                 # stay in the stream for the waiting batches to top themselves up with.
-                self._take(self._read(count=room, block_s=None))
+                self._take(self._read_and_count(room))
                 if len(self._pending) >= policy.max_batch_size:
                     return plan
             if now >= self._next_backlog_scan:
@@ -207,9 +208,9 @@ class ModelBatcher:
             self._counted = self._state.wait_for_slot(min(wait_s, BACKLOG_SCAN_S), self._lease_s)
         elif self._pending and wait_s < PRECISE_BLOCK_S:
             time.sleep(wait_s)
-            self._take(self._read(count=room, block_s=None))
+            self._take(self._read_and_count(room))
         else:
-            self._take(self._read(count=room, block_s=wait_s))
+            self._take(self._read_and_count(room, block_s=wait_s))
         return plan
 
     def _ensure_group(self) -> None:
@@ -221,15 +222,36 @@ class ModelBatcher:
         """New entries (or, with ``history``, those this consumer already holds)."""
         if count is not None and count <= 0:
             return []
+        reply: Any = self._client.xreadgroup(**self._read_args(count, block_s, history))
+        return _entries(reply)
+
+    def _read_and_count(self, count: int, block_s: float | None = None) -> list[StreamEntry]:
+        """New entries, as ``_read`` reads them, and the capacity counted once the read
+        returns, for the next step's decision, in the same round trip (on a Redis Cluster,
+        whose pipelines take no script calls, the next step counts)."""
+        if count <= 0 or isinstance(self._client, redis.cluster.RedisCluster):
+            return self._read(count=count, block_s=block_s)
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.xreadgroup(**self._read_args(count, block_s))
+            self._state.queue_count(pipe, self._lease_s)
+            reply, counted = pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+        self._counted = self._state.counted(counted, self._lease_s)
+        return _entries(reply)
+
+    def _read_args(
+        self, count: int | None, block_s: float | None, history: bool = False
+    ) -> dict[str, Any]:
+        """The ``xreadgroup`` arguments of a read (see ``_read``)."""
         block_ms = None if block_s is None else max(1, int(block_s * 1000))
-        reply: Any = self._client.xreadgroup(
-            CONSUMER_GROUP,
-            self.consumer,
-            {self.stream: "0" if history else ">"},
-            count=count,
-            block=None if history else block_ms,
-        )
-        return [entry for _, entries in reply or [] for entry in entries]
+        return {
+            "groupname": CONSUMER_GROUP,
+            "consumername": self.consumer,
+            "streams": {self.stream: "0" if history else ">"},
+            "count": count,
+            "block": None if history else block_ms,
+        }
 
     def _reclaim(self) -> None:
         """Keeps our own held entries fresh, then takes over entries idle past the lease."""
@@ -411,6 +433,11 @@ class ModelBatcher:
             self._state.undispatched(task.batch_id)
             raise
         return counted
+
+
+def _entries(reply: Any) -> list[StreamEntry]:
+    """The entries of an ``XREADGROUP`` reply (one stream)."""
+    return [entry for _, entries in reply or [] for entry in entries]
 
 
 def run_batchers(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
 
 from config import lua, stats_fields
 from config.errors import ConfigError
@@ -122,6 +123,26 @@ class FleetState:
 
         _, counted = lua.execute(self._client, build, [self._capacity])
         return _counted(counted)
+
+    def queue_count(self, pipe: Any, lease_s: float) -> None:
+        """Queues the count ``capacity`` makes on ``pipe`` (no transaction, not a Redis
+        Cluster's), after a command whose reply matters, for ``counted`` to read."""
+        lua.queue(pipe, self._capacity, self._counted_keys(), [lease_s])
+
+    def counted(self, reply: Any, lease_s: float) -> Capacity:
+        """The capacity from the reply of the count ``queue_count`` queued, read with
+        ``raise_on_error=False``. The commands before it are not made again: a count Redis
+        refused for want of its script (it restarted or flushed its scripts) is made again
+        alone.
+
+        Raises:
+            redis.ResponseError: Redis refused the count otherwise.
+        """
+        if isinstance(reply, NoScriptError):
+            return self.capacity(lease_s)
+        if isinstance(reply, Exception):
+            raise reply
+        return _counted(reply)
 
 
 @dataclass(frozen=True)
