@@ -18,7 +18,7 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
@@ -72,9 +72,9 @@ STREAM_STALL_S = 30.0
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A validated request, encoded for the wire and ready for the admission script."""
+class Prepared(NamedTuple):
+    """A validated request, encoded for the wire and ready for the admission script (a
+    named tuple: one is built per request, in a third of a frozen dataclass's time)."""
 
     request_id: str
     model: str

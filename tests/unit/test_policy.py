@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from config.schema import Request
 from config.settings import ModelPolicy
@@ -80,7 +79,7 @@ def test_a_full_batch_goes_ahead_of_the_busy_slots_and_a_partial_one_waits() -> 
     assert plan.flush_reason == "size" and len(plan.batch) == 4
     assert plan_batch(full, LATE_BINDING, now=10.0, free_slots=-1, full_ahead=1).batch == ()
     assert plan_batch(full[:3], LATE_BINDING, now=10.0, free_slots=0, full_ahead=1).batch == ()
-    suspect = [replace(full[0], attempts=1), *full[1:]]
+    suspect = [full[0]._replace(attempts=1), *full[1:]]
     assert plan_batch(suspect, LATE_BINDING, now=10.0, free_slots=0, full_ahead=1).batch == ()
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from config.schema import Request
 from config.settings import ModelPolicy
@@ -53,9 +53,9 @@ DISPATCH_MARGIN_S = 0.005
 FULL_BATCHES_AHEAD = 1
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A request the batcher holds; times are on the batcher's monotonic clock."""
+class Pending(NamedTuple):
+    """A request the batcher holds; times are on the batcher's monotonic clock (a named
+    tuple: one is built per request, in a third of a frozen dataclass's time)."""
 
     entry_id: str
     request: Request

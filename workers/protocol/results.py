@@ -12,8 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.client import Pipeline
@@ -33,11 +32,11 @@ FINALIZE_CHUNK = 1000
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     """A request's final answer as the finalize script takes it, with the stream entry it
     closes: the result's JSON, the stats field counting it, its latency sample and, for an
-    output a model version computed, what the response cache keeps of it."""
+    output a model version computed, what the response cache keeps of it (a named tuple: one
+    is built per request, in a third of a frozen dataclass's time)."""
 
     entry_id: str
     request_id: str
