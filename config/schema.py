@@ -118,8 +118,8 @@ def encode_request(
     """The wire form of a :class:`Request` from checked parts, without building the model:
     the producer's hot path. A unit test pins it to ``Request.encode``'s decoding."""
     return (
-        f'{{"schema_version":1,"request_id":{json.dumps(request_id)},'
-        f'"model":{json.dumps(model)},"input":{input_json},"digest":"{digest}",'
+        f'{{"schema_version":1,"request_id":{_json_string(request_id)},'
+        f'"model":{_json_string(model)},"input":{input_json},"digest":"{digest}",'
         f'"submitted_at":{submitted_at!r},"deadline_at":{deadline_at!r},'
         f'"priority":"{priority}"}}'
     )
