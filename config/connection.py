@@ -18,6 +18,7 @@ import redis.sentinel
 from redis.retry import Retry
 
 from config.errors import BrokerUnavailable, RedisAccessDenied, UnsupportedRedis
+from config.hiredis_packing import command_packer
 from config.sentinel import MasterFollowingPool, sentinel_group
 from config.settings import Settings
 
@@ -31,8 +32,9 @@ def connect(settings: Settings, *, retry: Retry | None = None) -> redis.Redis:
     ``sentinel://``; a ``RedisCluster`` with ``redis_cluster``), with bounded socket timeouts.
     ``retry`` replaces redis-py's own (ten tries with backoff on a connection or timeout
     error): a caller that retries against a deadline of its own passes
-    ``Retry(NoBackoff(), 0)``."""
-    options = client_options(settings, retry)
+    ``Retry(NoBackoff(), 0)``. Outside a cluster (whose client keeps only the connection
+    options it knows), commands are packed by ``config.hiredis_packing``."""
+    options = {**client_options(settings, retry), **command_packer()}
     if settings.redis_cluster:
         # The cluster client keeps its own retries: they follow slots that moved.
         options.pop("retry", None)

@@ -1,5 +1,6 @@
-"""The asyncio client every AsyncProducer and the gateway open: its commands, packed by
-hiredis (``config.hiredis_packing``), reach Redis byte for byte, on TCP and on a Unix socket."""
+"""The clients batchfleet opens, sync (``config.connection.connect``) and asyncio (every
+AsyncProducer and the gateway): their commands, packed by hiredis (``config.hiredis_packing``),
+reach Redis byte for byte, on TCP and on a Unix socket."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from config.hiredis_packing import HiredisPacking
+from config.connection import connect
+from config.hiredis_packing import HiredisPacking, LeanHiredisSerializer
 from producer.async_client import connect_async
 from tests.integration.conftest import FleetEnv, settings_for
 from workers.local.local_redis import LocalRedis
@@ -56,6 +58,34 @@ async def round_trip(env: FleetEnv) -> tuple[list[bytes | None], list[type]]:
 def expected() -> list[bytes]:
     as_bytes = [value if isinstance(value, bytes) else str(value).encode() for value in VALUES]
     return as_bytes * 2
+
+
+def sync_round_trip(env: FleetEnv) -> tuple[list[bytes | None], list[object]]:
+    """``round_trip`` on a sync client, with bytes also given as a ``bytearray`` and a
+    ``memoryview``; the packers of the connections it opened."""
+    values = [*VALUES, bytearray(b"in a bytearray"), memoryview(b"in a memoryview")]
+    client = connect(settings_for(env))
+    prefix = env["BATCHFLEET_KEY_PREFIX"]
+    try:
+        for n, value in enumerate(values):
+            client.set(f"{prefix}:one:{n}", value)
+        with client.pipeline(transaction=False) as pipe:
+            for n, value in enumerate(values):
+                pipe.set(f"{prefix}:piped:{n}", value)
+            pipe.execute()
+        keys = [f"{prefix}:{how}:{n}" for how in ("one", "piped") for n in range(len(values))]
+        read = client.mget(keys)
+        client.delete(*keys)
+        pool = client.connection_pool
+        return read, [connection._command_packer for connection in pool._available_connections]
+    finally:
+        client.close()
+
+
+def test_a_sync_clients_commands_reach_redis_intact(fleet_env: FleetEnv) -> None:
+    read, packers = sync_round_trip(fleet_env)
+    assert read == [*expected()[: len(VALUES)], b"in a bytearray", b"in a memoryview"] * 2
+    assert packers and all(isinstance(packer, LeanHiredisSerializer) for packer in packers)
 
 
 def test_commands_reach_redis_intact_over_tcp(fleet_env: FleetEnv) -> None:

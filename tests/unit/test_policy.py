@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from config.schema import Request
 from config.settings import ModelPolicy
 from workers.batcher.policy import DISPATCH_MARGIN_S, Pending, Plan, plan_batch
