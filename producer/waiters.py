@@ -220,6 +220,8 @@ class ResultWait:
 
     def by_model(self, skipping: Collection[str] = ()) -> dict[str, list[str]]:
         """The ids still unanswered, in the order asked, by model; none of ``skipping``."""
+        if skipping and self.waiting.issubset(skipping):
+            return {}  # the common wait: every answer is pushed to this producer's inbox
         groups: dict[str, list[str]] = {}
         for request_id in self.still_waiting():
             if request_id not in skipping:
