@@ -13,7 +13,8 @@ turn, its throughput the inverse of one request's latency), and reads the CPU
 time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
 producer). It prints µs per request and ms per batch by process, then the Redis commands
 each batch cost (``INFO commandstats``: a script's own commands count too, under their
-names) and each process's context switches a batch (``/proc/PID/task/*/status``). The
+names), each process's context switches a batch (``/proc/PID/task/*/status``) and the
+worker's CPU a batch in its main thread (Celery's loop) and in the others. The
 synthetic model sleeps, so its model time costs no CPU: what is left is the pipeline's.
 """
 
@@ -43,11 +44,13 @@ from workers.protocol.entries import to_text
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 COMMANDS_SHOWN = 16
+CELERY_LOOP = "worker's Celery loop"
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) ``pid`` has used, from ``/proc``."""
-    with open(f"/proc/{pid}/stat") as stat:
+def process_cpu_s(pid: int, thread: int | None = None) -> float:
+    """CPU seconds (user + system) ``pid`` has used, every thread's or ``thread``'s alone,
+    from ``/proc``."""
+    with open(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
@@ -123,6 +126,8 @@ def measure(
                 role: partial(process_cpu_s, pid) for role, pid in pids.items()
             }
             readers["producer"] = own_cpu_s  # this process: its own rusage
+            # The worker's main thread runs Celery's loop; its other threads, the batches.
+            readers[CELERY_LOOP] = partial(process_cpu_s, worker.pid, worker.pid)
             switches_before = {role: context_switches(pid) for role, pid in pids.items()}
             before = {name: read() for name, read in readers.items()}
             calls_before = command_calls(server)
@@ -203,7 +208,7 @@ def main() -> None:
     print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
     print(f"{'':>26}  {header}  {header}")
-    commands, switched = [], []
+    commands, switched, loops = [], [], []
     for size in args.batch_sizes:
         used, calls, switches = measure(args, size)
         batches = max(1, int(used["batches"]))
@@ -223,10 +228,17 @@ def main() -> None:
         switched.append(
             f"{size:>9}: " + ", ".join(f"{role} {switches[role] / batches:.1f}" for role in roles)
         )
+        loop_ms = used[CELERY_LOOP] / batches * 1e3
+        loops.append(
+            f"{size:>9}: Celery's loop (its main thread) {loop_ms:.2f}, the batch threads and "
+            f"the heartbeat {used['worker'] / batches * 1e3 - loop_ms:.2f}"
+        )
     print("Redis commands per batch (the most called first)")
     print("\n".join(commands))
     print("Context switches per batch (every thread of each process)")
     print("\n".join(switched))
+    print("The worker's CPU per batch by thread, ms")
+    print("\n".join(loops))
 
 
 if __name__ == "__main__":
