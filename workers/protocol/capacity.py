@@ -119,14 +119,14 @@ class FleetState:
 
         def build(pipe: Any) -> None:
             pipe.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
-            lua.queue(pipe, self._capacity, self._counted_keys(), [lease_s])
+            self.queue_count(pipe, lease_s)
 
         _, counted = lua.execute(self._client, build, [self._capacity])
         return _counted(counted)
 
     def queue_count(self, pipe: Any, lease_s: float) -> None:
-        """Queues the count ``capacity`` makes on ``pipe`` (no transaction, not a Redis
-        Cluster's), after a command whose reply matters, for ``counted`` to read."""
+        """Queues the count ``capacity`` makes on ``pipe``, after a command whose reply
+        matters (``counted`` reads it where that command must not run twice)."""
         lua.queue(pipe, self._capacity, self._counted_keys(), [lease_s])
 
     def counted(self, reply: Any, lease_s: float) -> Capacity:
