@@ -1,5 +1,5 @@
-"""Redis's own CPU for each request's scripts: what ``redis-server`` spends per request on the
-calls that carry one request from admission to its answer.
+"""Redis's own CPU for each call on a request's path: what ``redis-server`` spends per request
+on the scripts and reads that carry one request from admission to its answer.
 
 Run: .venv/bin/python benchmarks/script_cost.py [--batch-sizes 32 256] [--rounds 30]
 On a private redis-server, for a batch of the synthetic model's requests built by the
