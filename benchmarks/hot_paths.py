@@ -34,10 +34,11 @@ from workers.protocol.results import ResultWriter
 from workers.protocol.task_message import batch_message
 from workers.runtime.answers import answers_of
 from workers.runtime.batch_run import BatchRun
-from workers.runtime.device import ModelRun
+from workers.runtime.device import ModelRun, Runnable
 from workers.runtime.metrics import WorkerMetrics
 
 MODEL = "synthetic"
+WORKER = "w0@host"  # the Celery node name answers carry
 
 
 def best_us(step: Callable[[], Any], repeats: int) -> float:
@@ -45,6 +46,22 @@ def best_us(step: Callable[[], Any], repeats: int) -> float:
     timer = timeit.Timer(step)
     calls, _ = timer.autorange()
     return min(timer.repeat(repeat=repeats, number=calls)) / calls * 1e6
+
+
+def synthetic_run(runnables: list[Runnable]) -> tuple[BatchRun, ModelRun, str]:
+    """A batch of ``runnables`` as its worker holds it once the synthetic model (at 0 ms) has
+    run it: the batch, the model run, the model version; what ``answers_of`` takes."""
+    model = SyntheticModel(base_ms=0, per_item_ms=0)
+    requests = [request for _, request in runnables]
+    run = ModelRun(
+        runnables,
+        model.predict([request.input for request in requests]),
+        None,
+        0.0026,
+        requests[0].submitted_at + 0.01,
+    )
+    batch = BatchRun(MODEL, "b-1", "size", mock.Mock(), mock.Mock(), ttl_s=600, lease_s=55)
+    return batch, run, model.version
 
 
 def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -61,19 +78,13 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
     task = BatchTask(MODEL, "b-1", pairs, "size")
     message = batch_message(task, Keys(settings.key_prefix).celery_queue(MODEL))
     requests = [request for _, _, request in read_entries(stream_entries, MODEL, 600).decoded]
-    model = SyntheticModel(base_ms=0, per_item_ms=0)
-    run = ModelRun(
-        [(entry_id, request) for (entry_id, _), request in zip(pairs, requests, strict=True)],
-        model.predict([request.input for request in requests]),
-        None,
-        0.0026,
-        requests[0].submitted_at + 0.01,
+    batch, run, version = synthetic_run(
+        [(entry_id, request) for (entry_id, _), request in zip(pairs, requests, strict=True)]
     )
-    batch = BatchRun(MODEL, "b-1", "size", mock.Mock(), mock.Mock(), ttl_s=600, lease_s=55)
     writer = ResultWriter(mock.Mock(), Keys(settings.key_prefix), MODEL)
     writer._write = lambda keys, args: ["written"] * size  # type: ignore[method-assign]
-    answers = answers_of(batch, [run], model.version, "w0@host")
-    metrics = WorkerMetrics(mock.Mock(latest=None), "w0@host", [MODEL])
+    answers = answers_of(batch, [run], version, WORKER)
+    metrics = WorkerMetrics(mock.Mock(latest=None), WORKER, [MODEL])
     results = [answer.payload for answer in answers]
 
     def celery_decode() -> Any:
@@ -87,7 +98,7 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
         ("batcher", "task message", lambda: batch_message(task, "q")),
         ("worker", "task message decode (as Celery)", celery_decode),
         ("worker", "decode the task's entries", lambda: batch.read(pairs)),
-        ("worker", "answers", lambda: answers_of(batch, [run], model.version, "w0@host")),
+        ("worker", "answers", lambda: answers_of(batch, [run], version, WORKER)),
         ("worker", "finalize call (keys, args)", lambda: writer.finalize(answers)),
         ("worker", "metrics", lambda: metrics.observe_run(MODEL, requests, 0.0026, 0.0)),
         ("producer", "decode results", lambda: [Result.decode(raw) for raw in results]),

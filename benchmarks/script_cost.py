@@ -19,23 +19,19 @@ import argparse
 import statistics
 from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 import redis
+from hot_paths import MODEL, WORKER, synthetic_run  # this folder, as a script runs
 
 from config import lua
 from config.keys import CONSUMER_GROUP, Keys
 from config.settings import load_settings
-from producer.admission import ProducerCore, read_inbox
+from producer.admission import Prepared, ProducerCore, read_inbox
 from workers.local.local_redis import LocalRedis
-from workers.models.synthetic import SyntheticModel
-from workers.protocol.entries import ensure_group, read_entries
+from workers.protocol.entries import DecodedEntry, ensure_group, read_entries
 from workers.protocol.results import ResultWriter
 from workers.runtime.answers import answers_of
-from workers.runtime.batch_run import BatchRun
-from workers.runtime.device import ModelRun
 
-MODEL = "synthetic"
 CALLS = ("admit", "watch", "batcher's read", "start", "finalize", "inbox read")
 
 
@@ -54,59 +50,70 @@ def info_cost_s(client: redis.Redis, reads: int = 200) -> float:
     return statistics.median(costs)
 
 
-def one_round(client: redis.Redis, size: int) -> dict[str, float]:
-    """Server CPU seconds of each call for one batch of ``size`` new requests."""
-    settings = load_settings(models={MODEL: {"max_queue_len": 10 * size}})
-    keys = Keys(settings.key_prefix)
-    core = ProducerCore(settings)
-    stream = keys.stream(MODEL)
-    ensure_group(client, stream, CONSUMER_GROUP)
-    writer = ResultWriter(client, keys, MODEL)
-    admit, watch = lua.register(client, "admit"), lua.register(client, "watch")
-    prepared = core.prepare_all(MODEL, [f"request {n}" for n in range(size)])
-    request_ids = [item.request_id for item in prepared]
-    model = SyntheticModel(base_ms=0, per_item_ms=0)
-    read: dict[str, Any] = {}
+class RequestPath:
+    """The calls that carry a batch of ``size`` requests from admission to its answers, on
+    ``client``'s Redis, one batch of new requests a round."""
 
-    def batcher_read() -> None:
-        reply: Any = client.xreadgroup(CONSUMER_GROUP, "batcher", {stream: ">"}, count=size)
-        read["entries"] = read_entries(reply[0][1], MODEL, 600).decoded
+    def __init__(self, client: redis.Redis, size: int) -> None:
+        settings = load_settings(models={MODEL: {"max_queue_len": 10 * size}})
+        keys = Keys(settings.key_prefix)
+        self._client = client
+        self._size = size
+        self._core = ProducerCore(settings)
+        self._stream = keys.stream(MODEL)
+        self._writer = ResultWriter(client, keys, MODEL)
+        self._admit = lua.register(client, "admit")
+        self._watch = lua.register(client, "watch")
+        ensure_group(client, self._stream, CONSUMER_GROUP)
+        self._prepared: list[Prepared] = []
+        self._entries: list[DecodedEntry] = []
 
-    def start() -> None:
-        entry_ids = [entry_id for entry_id, _, _ in read["entries"]]
-        writer.start_batch("b-1", "w0|1", "w0@host", entry_ids, request_ids)
+    def round(self) -> dict[str, float]:
+        """Server CPU seconds of each call (``CALLS``) for one batch of new requests."""
+        self._prepared = self._core.prepare_all(MODEL, [f"request {n}" for n in range(self._size)])
+        calls: list[Callable[[], None]] = [
+            self.admit,
+            self.watch,
+            self.batcher_read,
+            self.start,
+            self.finalize,
+            self.inbox_read,
+        ]
+        used = {}
+        for name, call in zip(CALLS, calls, strict=True):
+            before = server_cpu_s(self._client)
+            call()
+            used[name] = server_cpu_s(self._client) - before
+        return used
 
-    def finalize() -> None:
-        requests = [request for _, _, request in read["entries"]]
-        run = ModelRun(
-            [(entry_id, request) for entry_id, _, request in read["entries"]],
-            model.predict([request.input for request in requests]),
-            None,
-            0.0026,
-            requests[0].submitted_at + 0.01,
+    def request_ids(self) -> list[str]:
+        return [item.request_id for item in self._prepared]
+
+    def admit(self) -> None:
+        self._admit(*self._core.admit_call(self._prepared))
+
+    def watch(self) -> None:
+        self._watch(*self._core.watch_call(MODEL, self.request_ids()))
+
+    def batcher_read(self) -> None:
+        streams: Any = {self._stream: ">"}
+        reply: Any = self._client.xreadgroup(CONSUMER_GROUP, "batcher", streams, count=self._size)
+        self._entries = read_entries(reply[0][1], MODEL, 600).decoded
+
+    def start(self) -> None:
+        entry_ids = [entry_id for entry_id, _, _ in self._entries]
+        self._writer.start_batch("b-1", "w0|1", WORKER, entry_ids, self.request_ids())
+
+    def finalize(self) -> None:
+        batch, run, version = synthetic_run(
+            [(entry_id, request) for entry_id, _, request in self._entries]
         )
-        batch = BatchRun(MODEL, "b-1", "size", writer, mock.Mock(), ttl_s=600, lease_s=55)
-        statuses = writer.finalize(answers_of(batch, [run], model.version, "w0@host"))
-        assert statuses == ["written"] * size, statuses
+        statuses = self._writer.finalize(answers_of(batch, [run], version, WORKER))
+        assert statuses == ["written"] * self._size, statuses
 
-    def inbox_read() -> None:
-        raws: Any = client.lpop(core.inbox(MODEL), size)
-        assert len(read_inbox(raws)) == size
-
-    calls: dict[str, Callable[[], Any]] = {
-        "admit": lambda: admit(*core.admit_call(prepared)),
-        "watch": lambda: watch(*core.watch_call(MODEL, request_ids)),
-        "batcher's read": batcher_read,
-        "start": start,
-        "finalize": finalize,
-        "inbox read": inbox_read,
-    }
-    used = {}
-    for name, call in calls.items():
-        before = server_cpu_s(client)
-        call()
-        used[name] = server_cpu_s(client) - before
-    return used
+    def inbox_read(self) -> None:
+        raws: Any = self._client.lpop(self._core.inbox(MODEL), self._size)
+        assert len(read_inbox(raws)) == self._size
 
 
 def main() -> None:
@@ -119,7 +126,8 @@ def main() -> None:
     with LocalRedis() as server:
         client = redis.Redis.from_url(server.url)
         for size in args.batch_sizes:
-            rounds = [one_round(client, size) for _ in range(args.rounds)]
+            path = RequestPath(client, size)
+            rounds = [path.round() for _ in range(args.rounds)]
             info_s = info_cost_s(client)
             per_request = {
                 name: max(0.0, statistics.median(r[name] for r in rounds) - info_s) / size * 1e6
