@@ -97,23 +97,23 @@ class AsyncInboxListener(InboxWaits):
         super().__init__()
         self._client = client
         self._inbox = inbox
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # by inbox
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # by model
         self._closed = False
 
     def _listen(self, model: str) -> None:
-        inbox = self._inbox(model)
-        if inbox not in self._tasks:
-            self._tasks[inbox] = asyncio.create_task(self._run(inbox), name="batchfleet-inbox")
+        if model not in self._tasks:
+            inbox = self._inbox(model)
+            self._tasks[model] = asyncio.create_task(self._run(inbox), name="batchfleet-inbox")
 
     async def aclose(self) -> None:
         """Stops the listening tasks and deletes their inboxes."""
         self._closed = True
-        for inbox, task in self._tasks.items():
+        for model, task in self._tasks.items():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             with contextlib.suppress(redis.RedisError):
-                await self._client.delete(inbox)
+                await self._client.delete(self._inbox(model))
         await self._client.aclose()
 
     async def _run(self, inbox: str) -> None:
@@ -137,6 +137,39 @@ class AsyncInboxListener(InboxWaits):
                 continue
             if popped:
                 self._waiters.deliver(read_inbox(popped))
+
+
+class AsyncWaiting:
+    """One ``result`` or ``results`` call of an ``AsyncProducer``, as an async context: its
+    ``ResultWait`` and the queue its answers arrive in. Leaving it forgets the wait; leaving it
+    cancelled first cancels, with ``cancel`` (given for ``cancel_on_exit``), the requests it
+    still waited for."""
+
+    def __init__(
+        self,
+        wait: ResultWait,
+        listener: AsyncInboxListener,
+        cancel: Callable[[Sequence[str]], Awaitable[None]] | None,
+    ) -> None:
+        self.wait = wait
+        self.arrived = AsyncArrivals()
+        self._listener = listener
+        self._cancel = cancel
+
+    async def __aenter__(self) -> AsyncWaiting:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc_type is asyncio.CancelledError and self._cancel is not None:
+                await asyncio.shield(self._cancel(sorted(self.wait.waiting)))
+        finally:
+            self._listener.forget(self.wait.ids, self.arrived)
 
 
 class AsyncProducer:
@@ -380,10 +413,14 @@ class AsyncProducer:
         self._core.prepare(model, input)
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:
-        """Awaits one request's output; see ``Producer.result``."""
-        # The wait ends with its one result: run to its end, the generator closes itself,
-        # at ~60% of the cost of closing it early (``contextlib.aclosing``).
-        (result,) = [result async for result in self._results([request_id], timeout_s)]
+        """Awaits one request's output; see ``Producer.result``. The wait of most callers
+        (each a ``submit`` then a ``result``): no generator, unlike ``results``."""
+        async with self._waiting([request_id], timeout_s) as waiting:
+            answered = await self._first_answers(waiting)
+            while not answered:
+                answered = await self._arrived(waiting)
+        (result,) = answered
+        self._core.answered(request_id)
         return result.unwrap()
 
     async def results(
@@ -469,41 +506,46 @@ class AsyncProducer:
         admission: Callable[[], Awaitable[set[str]]] | None = None,
     ) -> AsyncGenerator[Result, None]:
         """``results``, each result noted answered; with ``admission``, as
-        ``Producer._results``. Ids whose answers are pushed to this producer's inbox (held by
-        ``submit``, or enqueued by ``admission``) need no watch call. One generator, whose
-        ``finally`` forgets the wait: a caller who stops early (``result`` does) leaves no
-        inner generator for asyncio to close in a task of its own."""
-        if timeout_s is None:
-            timeout_s = self._core.default_timeout_s()
-        wait = ResultWait(request_ids, timeout_s)
-        arrived = AsyncArrivals()
-        try:
-            try:
-                wait.models = await self._models_of(wait.ids, wait.deadline)
-            except BrokerUnavailable as outage:
-                raise wait.timed_out(outage) from outage
-            pushed: set[str] = set()  # answers pushed to this producer's inbox
-            for model, ids in wait.by_model().items():
-                pushed |= self._listener.expect(model, ids, arrived)
-            if admission is not None:
-                pushed |= await admission()
-            answered = await self._stored(wait, pushed)
+        ``Producer._results``."""
+        async with self._waiting(request_ids, timeout_s) as waiting:
+            answered = await self._first_answers(waiting, admission)
             while True:
                 for result in answered:
                     self._core.answered(result.request_id)
                     yield result
-                if not wait.waiting:
+                if not waiting.wait.waiting:
                     return
-                answered = await self._arrived(wait, arrived)
-        except asyncio.CancelledError:
-            if self._core.cancel_on_exit:
-                await asyncio.shield(self._cancel_quietly(sorted(wait.waiting)))
-            raise
-        finally:
-            self._listener.forget(wait.ids, arrived)
+                answered = await self._arrived(waiting)
 
-    async def _arrived(self, wait: ResultWait, arrived: AsyncArrivals) -> list[Result]:
-        """What the inbox listener brings next for ``wait``: an answer it waits for (none
+    def _waiting(self, request_ids: Sequence[str], timeout_s: float | None) -> AsyncWaiting:
+        """A wait for ``request_ids`` (``timeout_s``, else the longest request lifetime)."""
+        if timeout_s is None:
+            timeout_s = self._core.default_timeout_s()
+        cancel = self._cancel_quietly if self._core.cancel_on_exit else None
+        return AsyncWaiting(ResultWait(request_ids, timeout_s), self._listener, cancel)
+
+    async def _first_answers(
+        self,
+        waiting: AsyncWaiting,
+        admission: Callable[[], Awaitable[set[str]]] | None = None,
+    ) -> list[Result]:
+        """Registers ``waiting`` with the inbox listener and returns the answers already
+        stored. Ids whose answers are pushed to this producer's inbox (held by ``submit``, or
+        enqueued by ``admission``, which it runs) need no watch call."""
+        wait = waiting.wait
+        try:
+            wait.models = await self._models_of(wait.ids, wait.deadline)
+        except BrokerUnavailable as outage:
+            raise wait.timed_out(outage) from outage
+        pushed: set[str] = set()  # answers pushed to this producer's inbox
+        for model, ids in wait.by_model().items():
+            pushed |= self._listener.expect(model, ids, waiting.arrived)
+        if admission is not None:
+            pushed |= await admission()
+        return await self._stored(wait, pushed)
+
+    async def _arrived(self, waiting: AsyncWaiting) -> list[Result]:
+        """What the inbox listener brings next for ``waiting``: an answer it waits for (none
         for another), or after a reconnection every stored one (as ``_stored``).
 
         Raises:
@@ -511,8 +553,9 @@ class AsyncProducer:
                 Redis cannot be reached then).
             BrokerError: the listener's error (a subclass of ``BatchfleetError``).
         """
+        wait = waiting.wait
         try:
-            item = await arrived.get(wait.left_s())
+            item = await waiting.arrived.get(wait.left_s())
         except TimeoutError:
             raise wait.timed_out(await self._outage()) from None
         if isinstance(item, Reconnected):
@@ -547,8 +590,9 @@ class AsyncProducer:
     async def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
         """The model of each of ``request_ids``; see ``Producer._models_of``."""
         models, unknown = self._core.known_models(request_ids)
-        if unknown:
-            await self._follow_fleet(deadline)  # the models to look among
+        if not unknown:
+            return models
+        await self._follow_fleet(deadline)  # the models to look among
         for batch in chunks(unknown, self._core.settings.submit_chunk):
             look_up = self._core.look_up(batch)
             replies = await call_until_async(deadline, partial(self._run, look_up.queue))

@@ -531,8 +531,9 @@ class Producer:
             BrokerUnavailable: Redis was away until ``deadline``.
         """
         models, unknown = self._core.known_models(request_ids)
-        if unknown:
-            self._follow_fleet(deadline)  # the models to look among
+        if not unknown:
+            return models
+        self._follow_fleet(deadline)  # the models to look among
         for batch in chunks(unknown, self._core.settings.submit_chunk):
             look_up = self._core.look_up(batch)
             models.update(look_up.read(call_until(deadline, partial(self._run, look_up.queue))))
