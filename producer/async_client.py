@@ -52,7 +52,13 @@ from producer.admission import (
 from producer.client import LISTEN_BLOCK_S
 from producer.outages import Backoff, call_until_async, single_try_async
 from producer.turn_batches import TurnBatch
-from producer.waiters import AsyncArrivals, InboxWaits, Reconnected, ResultWait
+from producer.waiters import (
+    AsyncArrivals,
+    DeadlineTicks,
+    InboxWaits,
+    Reconnected,
+    ResultWait,
+)
 
 MAX_CONNECTIONS = 32
 
@@ -148,11 +154,12 @@ class AsyncWaiting:
     def __init__(
         self,
         wait: ResultWait,
+        arrived: AsyncArrivals,
         listener: AsyncInboxListener,
         cancel: Callable[[Sequence[str]], Awaitable[None]] | None,
     ) -> None:
         self.wait = wait
-        self.arrived = AsyncArrivals()
+        self.arrived = arrived
         self._listener = listener
         self._cancel = cancel
 
@@ -201,6 +208,7 @@ class AsyncProducer:
         self._listener = AsyncInboxListener(
             listen_client or connect_async(self._core.settings), self._core.inbox
         )
+        self._deadlines = DeadlineTicks()
         # Single submits and waits of many coroutines, one round trip per loop turn.
         self._admit_one: TurnBatch[Prepared, str | bytes] = TurnBatch(self._admit_one_by_one)
         self._watch_ids: TurnBatch[tuple[str, Sequence[str]], list[Result | None]] = TurnBatch(
@@ -522,7 +530,8 @@ class AsyncProducer:
         if timeout_s is None:
             timeout_s = self._core.default_timeout_s()
         cancel = self._cancel_quietly if self._core.cancel_on_exit else None
-        return AsyncWaiting(ResultWait(request_ids, timeout_s), self._listener, cancel)
+        arrived = AsyncArrivals(self._deadlines)
+        return AsyncWaiting(ResultWait(request_ids, timeout_s), arrived, self._listener, cancel)
 
     async def _first_answers(
         self,

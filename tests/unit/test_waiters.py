@@ -10,7 +10,7 @@ import pytest
 
 from config.schema import Result
 from producer import waiters
-from producer.waiters import RECONNECTED, Arrival, AsyncArrivals, Waiters
+from producer.waiters import RECONNECTED, Arrival, AsyncArrivals, DeadlineTicks, Waiters
 
 
 def answer(request_id: str) -> Result:
@@ -99,7 +99,7 @@ def test_a_burst_of_single_submits_holds_only_the_newest() -> None:
 
 def test_an_async_wait_gets_what_came_before_and_while_it_waits() -> None:
     async def scenario() -> list[Arrival]:
-        arrivals = AsyncArrivals()
+        arrivals = AsyncArrivals(DeadlineTicks())
         arrivals.put_nowait(answer("before"))
         first = await arrivals.get(timeout_s=30)
         asyncio.get_running_loop().call_soon(arrivals.put_nowait, answer("while"))
@@ -110,7 +110,7 @@ def test_an_async_wait_gets_what_came_before_and_while_it_waits() -> None:
 
 def test_an_async_wait_with_nothing_coming_times_out_and_takes_what_comes_later() -> None:
     async def scenario() -> Arrival:
-        arrivals = AsyncArrivals()
+        arrivals = AsyncArrivals(DeadlineTicks())
         with pytest.raises(TimeoutError):
             await arrivals.get(timeout_s=0.01)
         arrivals.put_nowait(RECONNECTED)
@@ -121,7 +121,7 @@ def test_an_async_wait_with_nothing_coming_times_out_and_takes_what_comes_later(
 
 def test_a_cancelled_async_wait_leaves_the_arrivals_usable() -> None:
     async def scenario() -> Arrival:
-        arrivals = AsyncArrivals()
+        arrivals = AsyncArrivals(DeadlineTicks())
         waiting = asyncio.create_task(arrivals.get(timeout_s=30))
         await asyncio.sleep(0)
         waiting.cancel()
@@ -131,3 +131,19 @@ def test_a_cancelled_async_wait_leaves_the_arrivals_usable() -> None:
         return await arrivals.get(timeout_s=30)
 
     assert asyncio.run(scenario()) == answer("after")
+
+
+def test_a_wait_timing_out_leaves_the_waits_that_share_its_deadlines_waiting() -> None:
+    async def scenario() -> list[Arrival]:
+        deadlines = DeadlineTicks()
+        soon, late, answered = (AsyncArrivals(deadlines) for _ in range(3))
+        waiting = [asyncio.create_task(late.get(timeout_s=30))]
+        waiting.append(asyncio.create_task(answered.get(timeout_s=0.01)))
+        await asyncio.sleep(0)
+        answered.put_nowait(answer("in time"))
+        with pytest.raises(TimeoutError):
+            await soon.get(timeout_s=0.01)
+        late.put_nowait(answer("late"))
+        return list(await asyncio.gather(*waiting))
+
+    assert asyncio.run(scenario()) == [answer("late"), answer("in time")]
