@@ -251,12 +251,16 @@ class ProducerCore:
         if request_ids is not None and len(set(request_ids)) != len(request_ids):
             repeated = next(rid for rid, n in Counter(request_ids).items() if n > 1)
             raise InvalidInput(f"request id {abbreviated(repeated)} is given twice in one call")
-        ids = request_ids if request_ids is not None else [None] * len(items)
+        if request_ids is None:
+            return [
+                self.prepare(model, item, deadline_s=deadline_s, priority=priority)
+                for item in items
+            ]
         return [
             self.prepare(
                 model, item, request_id=request_id, deadline_s=deadline_s, priority=priority
             )
-            for item, request_id in zip(items, ids, strict=True)
+            for item, request_id in zip(items, request_ids, strict=True)
         ]
 
     def admission_chunks(self, prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:

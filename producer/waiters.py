@@ -268,6 +268,8 @@ class ResultWait:
 
     def still_waiting(self) -> list[str]:
         """The ids still unanswered, in the order asked."""
+        if len(self.waiting) == len(self.ids):
+            return list(self.ids)  # none answered yet: the usual case, without a Python loop
         return [request_id for request_id in self.ids if request_id in self.waiting]
 
     def take(self, result: Result) -> bool:
