@@ -421,15 +421,8 @@ class AsyncProducer:
         self._core.prepare(model, input)
 
     async def result(self, request_id: str, timeout_s: float | None = None) -> Any:
-        """Awaits one request's output; see ``Producer.result``. The wait of most callers
-        (each a ``submit`` then a ``result``): no generator, unlike ``results``."""
-        async with self._waiting([request_id], timeout_s) as waiting:
-            answered = await self._first_answers(waiting)
-            while not answered:
-                answered = await self._arrived(waiting)
-        (result,) = answered
-        self._core.answered(request_id)
-        return result.unwrap()
+        """Awaits one request's output; see ``Producer.result``."""
+        return (await self._collected([request_id], timeout_s))[request_id].unwrap()
 
     async def results(
         self, request_ids: Sequence[str], timeout_s: float | None = None
@@ -440,9 +433,14 @@ class AsyncProducer:
 
         A loop left early leaves the generator to asyncio, which closes it in a task of its
         own; ``contextlib.aclosing`` around it closes it in place."""
-        async with contextlib.aclosing(self._results(request_ids, timeout_s)) as results:
-            async for result in results:
-                yield result
+        async with self._waiting(request_ids, timeout_s) as waiting:
+            answered = await self._first_answers(waiting)
+            while True:
+                for result in answered:
+                    yield result
+                if not waiting.wait.waiting:
+                    return
+                answered = await self._arrived(waiting)
 
     async def stream(
         self,
@@ -507,23 +505,20 @@ class AsyncProducer:
             with contextlib.suppress(BatchfleetError):
                 await self.cancel(request_id)
 
-    async def _results(
+    async def _collected(
         self,
         request_ids: Sequence[str],
         timeout_s: float | None,
         admission: Callable[[], Awaitable[set[str]]] | None = None,
-    ) -> AsyncGenerator[Result, None]:
-        """``results``, each result noted answered; with ``admission``, as
+    ) -> dict[str, Result]:
+        """Every result of ``request_ids`` by id, once all came: what ``results`` yields,
+        without a generator (the wait of ``result`` and ``infer``); with ``admission``, as
         ``Producer._results``."""
         async with self._waiting(request_ids, timeout_s) as waiting:
             answered = await self._first_answers(waiting, admission)
-            while True:
-                for result in answered:
-                    self._core.answered(result.request_id)
-                    yield result
-                if not waiting.wait.waiting:
-                    return
-                answered = await self._arrived(waiting)
+            while waiting.wait.waiting:
+                answered += await self._arrived(waiting)
+        return {result.request_id: result for result in answered}
 
     def _waiting(self, request_ids: Sequence[str], timeout_s: float | None) -> AsyncWaiting:
         """A wait for ``request_ids`` (``timeout_s``, else the longest request lifetime)."""
@@ -571,7 +566,15 @@ class AsyncProducer:
             return await self._stored(wait)
         if isinstance(item, BaseException):
             raise item
-        return [item] if wait.take(item) else []
+        return [item] if self._took(wait, item) else []
+
+    def _took(self, wait: ResultWait, result: Result) -> bool:
+        """Whether ``result`` answers an id ``wait`` still waits for; if so, ``wait`` takes
+        it and it is noted answered (not to cancel on close)."""
+        if not wait.take(result):
+            return False
+        self._core.answered(result.request_id)
+        return True
 
     async def _outage(self) -> BrokerUnavailable | None:
         """Why Redis cannot be reached now (one ``PING``); None when it can."""
@@ -593,7 +596,9 @@ class AsyncProducer:
                     read = await call_until_async(wait.deadline, watch)
                 except BrokerUnavailable as outage:
                     raise wait.timed_out(outage) from outage
-                stored += [result for result in read if result is not None and wait.take(result)]
+                stored += [
+                    result for result in read if result is not None and self._took(wait, result)
+                ]
         return stored
 
     async def _models_of(self, request_ids: Sequence[str], deadline: float) -> dict[str, str]:
@@ -627,8 +632,7 @@ class AsyncProducer:
         ids = [item.request_id for item in prepared]
         self._core.remember(model, ids)
         admission = partial(self._enqueue, model, prepared, waiting=True)
-        results = self._results(ids, timeout_s, admission)
-        by_id = {result.request_id: result async for result in results}
+        by_id = await self._collected(ids, timeout_s, admission)
         return [by_id[request_id].unwrap() for request_id in ids]
 
     async def aclose(self) -> None:
