@@ -58,6 +58,7 @@ class DeadlineTicks:
     fills with cancelled ones."""
 
     def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ticks: dict[int, set[asyncio.Future[None]]] = {}
 
     def add(
@@ -65,17 +66,20 @@ class DeadlineTicks:
     ) -> set[asyncio.Future[None]]:
         """Wakes ``waiter`` once ``timeout_s`` has passed; returns the tick's waiters, which
         ``waiter`` leaves when it no longer waits."""
+        if loop is not self._loop:  # another loop's timers never wake this one's waits
+            self._loop, self._ticks = loop, {}
         tick = math.ceil((loop.time() + timeout_s) / DEADLINE_TICK_S)
         waiters = self._ticks.get(tick)
         if waiters is None:
             waiters = self._ticks[tick] = set()
-            loop.call_at(tick * DEADLINE_TICK_S, self._expire, tick)
+            loop.call_at(tick * DEADLINE_TICK_S, _expire, self._ticks, tick)
         waiters.add(waiter)
         return waiters
 
-    def _expire(self, tick: int) -> None:
-        for waiter in self._ticks.pop(tick):
-            _wake(waiter)
+
+def _expire(ticks: dict[int, set[asyncio.Future[None]]], tick: int) -> None:
+    for waiter in ticks.pop(tick):
+        _wake(waiter)
 
 
 class AsyncArrivals:

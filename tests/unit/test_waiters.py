@@ -4,13 +4,21 @@ number of them; whatever is not kept is read by a watch call, never waited for i
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 
 import pytest
 
 from config.schema import Result
 from producer import waiters
-from producer.waiters import RECONNECTED, Arrival, AsyncArrivals, DeadlineTicks, Waiters
+from producer.waiters import (
+    DEADLINE_TICK_S,
+    RECONNECTED,
+    Arrival,
+    AsyncArrivals,
+    DeadlineTicks,
+    Waiters,
+)
 
 
 def answer(request_id: str) -> Result:
@@ -147,3 +155,25 @@ def test_a_wait_timing_out_leaves_the_waits_that_share_its_deadlines_waiting() -
         return list(await asyncio.gather(*waiting))
 
     assert asyncio.run(scenario()) == [answer("late"), answer("in time")]
+
+
+def test_async_waits_of_a_later_event_loop_time_out_as_well() -> None:
+    """A producer used on one loop, then another: a wait whose deadline falls in a tick the
+    first loop had a timer for still ends at its deadline."""
+    deadlines = DeadlineTicks()
+
+    async def first() -> float:
+        loop = asyncio.get_running_loop()
+        # Midway through a tick about a second away: far from its edges on either loop.
+        end = (math.ceil((loop.time() + 1.0) / DEADLINE_TICK_S) - 0.5) * DEADLINE_TICK_S
+        deadlines.add(loop, end - loop.time(), loop.create_future())
+        return end
+
+    async def second(end: float) -> BaseException | None:
+        arrivals = AsyncArrivals(deadlines)
+        waiting = asyncio.create_task(arrivals.get(end - asyncio.get_running_loop().time()))
+        done, _ = await asyncio.wait({waiting}, timeout=60)  # a guard: it ends in ~1 s
+        assert done, "the wait never timed out"
+        return waiting.exception()
+
+    assert isinstance(asyncio.run(second(asyncio.run(first()))), TimeoutError)
