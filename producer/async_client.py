@@ -146,10 +146,10 @@ class AsyncInboxListener(InboxWaits):
 
 
 class AsyncWaiting:
-    """One ``result`` or ``results`` call of an ``AsyncProducer``, as an async context: its
-    ``ResultWait`` and the queue its answers arrive in. Leaving it forgets the wait; leaving it
-    cancelled first cancels, with ``cancel`` (given for ``cancel_on_exit``), the requests it
-    still waited for."""
+    """The wait of one ``result``, ``results`` or ``infer`` call of an ``AsyncProducer``, as
+    an async context: its ``ResultWait`` and the queue its answers arrive in. Leaving it
+    forgets the wait; leaving it cancelled first cancels, with ``cancel`` (given for
+    ``cancel_on_exit``), the requests it still waited for."""
 
     def __init__(
         self,
@@ -173,7 +173,8 @@ class AsyncWaiting:
         tb: TracebackType | None,
     ) -> None:
         try:
-            if exc_type is asyncio.CancelledError and self._cancel is not None:
+            cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+            if cancelled and self._cancel is not None:
                 await asyncio.shield(self._cancel(sorted(self.wait.waiting)))
         finally:
             self._listener.forget(self.wait.ids, self.arrived)
