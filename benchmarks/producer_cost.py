@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import statistics
 import time
@@ -22,7 +21,7 @@ import time
 import redis
 
 from config.keys import Keys
-from config.schema import STREAM_FIELD
+from config.schema import STREAM_FIELD, Request, encode_result, output_json
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.async_client import AsyncProducer
 from producer.client import Producer
@@ -117,20 +116,10 @@ def answer_all(url: str, key_prefix: str, producer_id: str) -> None:
 
 
 def answer(encoded_request: bytes) -> str:
-    """A result for the request ``encoded_request``, as a worker writes it."""
-    request = json.loads(encoded_request)
-    return json.dumps(
-        {
-            "request_id": request["request_id"],
-            "model": MODEL,
-            "model_version": "stand-in",
-            "output": {"echo": request["input"]},
-            "batch_id": "b-1",
-            "batch_size": 32,
-            "submitted_at": request["submitted_at"],
-            "finished_at": time.time(),
-        }
-    )
+    """A result for the request ``encoded_request``, written as a worker writes it."""
+    request = Request.decode(encoded_request)
+    output = output_json({"echo": request.input})
+    return encode_result(request, output, "stand-in", "b-1", 32, "size", 0.0, "w0", time.time())
 
 
 if __name__ == "__main__":
