@@ -9,6 +9,8 @@ wheel) is 6.2; Debian 12's ``redis-server`` is 7.0. Both are tested.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Literal, cast
 
@@ -128,6 +130,56 @@ def pool_of(client: redis.Redis, key: str) -> redis.ConnectionPool:
         node = client.get_node_from_key(key)
         return cast(redis.ConnectionPool, node.redis_connection.connection_pool)
     return client.connection_pool
+
+
+def send_now(client: redis.Redis, key: str, *commands: tuple[Any, ...]) -> Callable[[], None]:
+    """Sends ``commands`` (each its arguments, all on ``key``'s node) at once on a connection
+    of their own, and returns the function that reads their replies and gives the connection
+    back: for a caller with other work to do before it needs them. Where Redis cannot be
+    reached, by the send or the read, that function sends them again through ``client``,
+    with its retries: only idempotent commands go this way.
+
+    Raises:
+        redis.ResponseError: (from the returned function) a command failed; every reply
+            was read.
+    """
+    pool = pool_of(client, key)
+    connection = pool.get_connection()
+    try:
+        packed = connection.pack_commands(commands)  # type: ignore[no-untyped-call]
+        connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
+    except OUTAGES:
+        pool.release(connection)
+        return partial(_send_again, client, commands)
+    except BaseException:
+        pool.release(connection)
+        raise
+
+    def read() -> None:
+        failed: list[redis.ResponseError] = []
+        try:
+            for _ in commands:
+                try:
+                    connection.read_response()
+                except redis.ResponseError as exc:
+                    failed.append(exc)
+        except OUTAGES:
+            connection.disconnect()  # type: ignore[no-untyped-call]  # replies left unread
+            _send_again(client, commands)
+        finally:
+            pool.release(connection)
+        if failed:
+            raise failed[0]
+
+    return read
+
+
+def _send_again(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> None:
+    """``commands`` in one pipeline of ``client``'s, with its retries (``send_now``)."""
+    with client.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        pipe.execute()
 
 
 def any_node(client: redis.Redis) -> dict[str, Any]:

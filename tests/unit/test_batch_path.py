@@ -384,7 +384,7 @@ def test_requests_read_while_redis_lost_its_scripts_are_still_sent(
     fake_redis.script_flush()
     batcher.step()  # the one slot is busy: the next full batch is read ahead
     first_batch_id = celery.sent[0]["args"][1]
-    FleetState(fake_redis, KEYS, "synthetic").batch_done(first_batch_id, lease_s=55)
+    FleetState(fake_redis, KEYS, "synthetic").batch_done(first_batch_id, lease_s=55)()
     batcher.step()
     batcher.step()
     assert len(celery.sent) == 2

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import fakeredis
+import pytest
+import redis
 
 from config.keys import Keys
 from workers.protocol.capacity import FleetState, worker_member
@@ -27,8 +31,35 @@ def test_live_workers_slots_and_batches_in_flight_are_counted(
     capacity = state.capacity(LEASE_S)
     assert (capacity.workers, capacity.slots, capacity.inflight) == (2, 3, 1)
     assert capacity.free_slots(batches_per_slot=1) == 2
-    state.batch_done("batch-1", LEASE_S)
+    state.batch_done("batch-1", LEASE_S)()
     assert state.capacity(LEASE_S).inflight == 0
+
+
+@pytest.mark.parametrize("step", ["send_packed_command", "read_response"])
+def test_a_finished_batch_frees_its_slot_when_the_connection_drops(
+    fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A worker gives a batch's slot back without waiting for Redis's reply; when Redis
+    drops the connection as the worker sends it or reads the reply, the slot is given back
+    all the same (sent again) and the worker sees no error."""
+    state = FleetState(fake_redis, Keys("bf"), "m")
+    state.heartbeat(worker_member("a", 1), ttl_s=30)
+    state.dispatched("batch-1", "size", LEASE_S)
+    connections = fake_redis.connection_pool.connection_class
+    real = getattr(connections, step)
+    dropped: list[str] = []
+
+    def drop_once(connection: redis.Connection, *args: Any, **kwargs: Any) -> Any:
+        if not dropped:
+            dropped.append(step)
+            raise redis.ConnectionError("Connection reset by peer")
+        return real(connection, *args, **kwargs)
+
+    monkeypatch.setattr(connections, step, drop_once)
+    state.batch_done("batch-1", LEASE_S)()
+    assert dropped == [step]
+    assert state.capacity(LEASE_S).inflight == 0
+    assert b"batch-1" in fake_redis.lrange(Keys("bf").slot_free("m"), 0, -1)
 
 
 def test_a_dead_workers_batches_free_their_slots_at_once(fake_redis: fakeredis.FakeRedis) -> None:

@@ -7,7 +7,7 @@ Every timestamp here is Redis server time (``TIME`` inside the scripts: ``heartb
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 from config import lua, stats_fields
+from config.connection import send_now
 from config.errors import ConfigError
 from config.keys import Keys
 
@@ -101,15 +102,19 @@ class FleetState:
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)
 
-    def batch_done(self, batch_id: str, lease_s: float) -> None:
-        """Clears the batch from in-flight and wakes a batcher waiting for a free slot."""
-        pipe = self._client.pipeline(transaction=False)
-        pipe.zrem(self._keys.inflight(self._model), batch_id)
-        pipe.hdel(self._keys.inflight_owners(self._model), batch_id)
-        pipe.lpush(self._keys.slot_free(self._model), batch_id)
-        pipe.ltrim(self._keys.slot_free(self._model), 0, SLOT_TOKENS_KEPT - 1)
-        pipe.expire(self._keys.slot_free(self._model), max(1, int(lease_s)))
-        pipe.execute()
+    def batch_done(self, batch_id: str, lease_s: float) -> Callable[[], None]:
+        """Clears the batch from in-flight and wakes a batcher waiting for a free slot: sent
+        at once; the returned function reads Redis's replies (``send_now``)."""
+        inflight, slot_free = self._keys.inflight(self._model), self._keys.slot_free(self._model)
+        return send_now(
+            self._client,
+            inflight,
+            ("ZREM", inflight, batch_id),
+            ("HDEL", self._keys.inflight_owners(self._model), batch_id),
+            ("LPUSH", slot_free, batch_id),
+            ("LTRIM", slot_free, 0, SLOT_TOKENS_KEPT - 1),
+            ("EXPIRE", slot_free, max(1, int(lease_s))),
+        )
 
     def wait_for_slot(self, timeout_s: float, lease_s: float) -> Capacity:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:

@@ -9,7 +9,7 @@ frees are sorted the same way.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from config.schema import STREAM_FIELD, Request, Result
@@ -33,7 +33,7 @@ class BatchRun:
     answers: list[Answer] = field(default_factory=list)
     late: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
-    slot_freed: bool = False
+    slot_reply: Callable[[], None] | None = None
 
     def read(self, entries: Sequence[Sequence[str]]) -> tuple[list[DecodedEntry], list[str]]:
         """Decodes the task's ``(entry id, raw)`` pairs: the requests, and every entry id;
@@ -128,10 +128,20 @@ class BatchRun:
         """Gives the batch's worker slot back, once: when the device is done with the batch,
         so that the next batch travels to the worker while this one's answers are written,
         and whatever happened (requests a failure left unanswered stay pending in the
-        stream and are reclaimed after the lease)."""
-        if not self.slot_freed:
-            self.slot_freed = True
-            self.state.batch_done(self.batch_id, self.lease_s)
+        stream and are reclaimed after the lease). It is sent, not waited for:
+        ``slot_freed`` reads Redis's reply."""
+        if self.slot_reply is None:
+            self.slot_reply = self.state.batch_done(self.batch_id, self.lease_s)
+
+    def slot_freed(self) -> None:
+        """Reads Redis's reply to ``free_slot`` (once it was sent; once)."""
+        reply, self.slot_reply = self.slot_reply, _already_read
+        if reply is not None:
+            reply()
+
+
+def _already_read() -> None:
+    """A reply already read."""
 
 
 def _placeholder(request: Request) -> Result:

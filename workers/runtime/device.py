@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from config.connection import pool_of
+from config.connection import send_now
 from config.keys import CONSUMER_GROUP
 from config.schema import Request
 from config.settings import Settings
@@ -92,23 +92,8 @@ class Device:
             return [entry for _, entries in reply or [] for entry in entries], _nothing
         if not ids:
             return [], _nothing
-        pool = pool_of(self._client, stream)
-        connection = pool.get_connection()
-        try:
-            connection.send_command(  # type: ignore[no-untyped-call]
-                "XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID"
-            )
-        except BaseException:
-            pool.release(connection)
-            raise
-
-        def confirm() -> None:
-            try:
-                connection.read_response()
-            finally:
-                pool.release(connection)
-
-        return [], confirm
+        claim = ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID")
+        return [], send_now(self._client, stream, claim)
 
     def timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
         """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the

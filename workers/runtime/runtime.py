@@ -166,7 +166,10 @@ class WorkerRuntime:
         try:
             ran = self._run_batch(batch, task.entries, redelivered, policy.tops_up)
         finally:
-            batch.free_slot()
+            try:
+                batch.free_slot()
+            finally:
+                batch.slot_freed()
         return {"batch_id": task.batch_id, "size": len(task.entries), "ran": ran}
 
     def _run_batch(
