@@ -16,7 +16,7 @@ from config.schema import STREAM_FIELD, Request, Result
 from workers.protocol.capacity import FleetState
 from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
 from workers.protocol.results import Answer, ResultWriter, error_answer, poison_answer
-from workers.runtime.device import Runnable
+from workers.runtime.device import Runnable, nothing_to_read
 
 
 @dataclass
@@ -135,13 +135,9 @@ class BatchRun:
 
     def slot_freed(self) -> None:
         """Reads Redis's reply to ``free_slot`` (once it was sent; once)."""
-        reply, self.slot_reply = self.slot_reply, _already_read
+        reply, self.slot_reply = self.slot_reply, nothing_to_read
         if reply is not None:
             reply()
-
-
-def _already_read() -> None:
-    """A reply already read."""
 
 
 def _placeholder(request: Request) -> Result:

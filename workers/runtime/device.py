@@ -89,9 +89,9 @@ class Device:
                 pipe.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, ids, justid=True)
             pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
             reply: Any = pipe.execute()[-1]
-            return [entry for _, entries in reply or [] for entry in entries], _nothing
+            return [entry for _, entries in reply or [] for entry in entries], nothing_to_read
         if not ids:
-            return [], _nothing
+            return [], nothing_to_read
         claim = ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID")
         return [], send_now(self._client, stream, claim)
 
@@ -151,5 +151,5 @@ def isolate_failures(
     return [ModelRun(runnables, outputs, None, time.monotonic() - started, time.time())]
 
 
-def _nothing() -> None:
-    """A confirmation with nothing to confirm."""
+def nothing_to_read() -> None:
+    """A confirmation with nothing to confirm (or a reply already read)."""
