@@ -61,6 +61,8 @@ from producer.waiters import (
 )
 
 MAX_CONNECTIONS = 32
+# How often a listener being stopped is cancelled again while it runs on (``stop_listening``).
+RECANCEL_S = 0.01
 
 
 def connect_async(settings: Settings) -> aioredis.Redis:
@@ -115,9 +117,7 @@ class AsyncInboxListener(InboxWaits):
         """Stops the listening tasks and deletes their inboxes."""
         self._closed = True
         for model, task in self._tasks.items():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_listening(task)
             with contextlib.suppress(redis.RedisError):
                 await self._client.delete(self._inbox(model))
         await self._client.aclose()
@@ -143,6 +143,20 @@ class AsyncInboxListener(InboxWaits):
                 continue
             if popped:
                 self._waiters.deliver(read_inbox(popped))
+
+
+async def stop_listening(task: asyncio.Task[None]) -> None:
+    """Cancels a listener's ``task`` and waits for its end, cancelling it again every
+    ``RECANCEL_S`` while it runs on. On Python 3.11 ``asyncio.wait_for``, under which redis-py
+    sends every command, drops a cancellation that comes in the loop turn the send completes
+    (python/cpython#86296, fixed in 3.12): the listener went on into its blocking read, and a
+    producer closed right after its last answer waited out that read (a second). A close that
+    is itself cancelled stays cancelled: only the listener's own cancellation is kept quiet."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=RECANCEL_S)
+    with contextlib.suppress(asyncio.CancelledError):
+        task.result()
 
 
 class AsyncWaiting:

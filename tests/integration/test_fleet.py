@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from config.keys import Keys
+from producer import async_client
 from producer.async_client import AsyncProducer
 from tests.script_slots import ScriptCalls
 from workers.local.local_fleet import LocalFleet
@@ -18,6 +19,11 @@ from workers.models.synthetic import expected_output
 from workers.runtime.gpu import gpu_count
 
 from .conftest import check_outputs, producer_for, settings_for, wait_ready
+
+# A blocking read that a closing producer must not wait out, and how long a close may take
+# before it counts as waiting it out (far above a close's few milliseconds).
+LONG_READ_S = 3600
+CLOSE_BOUND_S = 60
 
 
 def test_thousand_requests_through_producer_each_get_their_own_answer(
@@ -87,6 +93,32 @@ def test_thousand_requests_through_async_producer(make_fleet: Callable[..., Loca
         outcome["outputs"],  # type: ignore[arg-type]
         {request_id: expected_output({"n": index}) for index, request_id in enumerate(ids)},
     )
+
+
+def test_an_async_producer_closes_without_waiting_out_its_inbox_read(
+    make_fleet: Callable[..., LocalFleet], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaving ``async with AsyncProducer`` right after its last answer stops the inbox
+    listener, which is then sending its next blocking read (here an hour long), instead of
+    waiting for that read to end: on Python 3.11 redis-py's send, under ``asyncio.wait_for``,
+    lets a cancellation that comes as it completes through."""
+    monkeypatch.setattr(async_client, "LISTEN_BLOCK_S", LONG_READ_S)
+    fleet = make_fleet()
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    env = {k: v for k, v in fleet.env.items() if k.startswith("BATCHFLEET_")}
+    settings = settings_for({**env, "BATCHFLEET_REDIS_SOCKET_TIMEOUT_S": str(LONG_READ_S * 2)})
+
+    async def scenario() -> tuple[list[object], bool]:
+        producer = AsyncProducer(settings)
+        outputs = await producer.infer("synthetic", ["x"], timeout_s=60)
+        closing = asyncio.create_task(producer.aclose())
+        closed, _ = await asyncio.wait([closing], timeout=CLOSE_BOUND_S)
+        return outputs, closing in closed
+
+    outputs, closed = asyncio.run(scenario())
+    assert outputs == [expected_output("x")]
+    assert closed, "closing the producer waited for its listener's blocking read to end"
 
 
 def test_a_submit_needs_no_watch_call_even_when_its_answer_came_first(
