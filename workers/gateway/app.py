@@ -11,8 +11,6 @@ while Redis answers, else 503) and ``GET /metrics``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -119,14 +117,13 @@ def create_app(settings: Settings) -> ASGIApp:
         async with AsyncProducer(settings, cancel_on_exit=True) as producer:
             health = connect_async(settings)
             app.state.producer, app.state.health = producer, health
-            runner = None if batch_api is None else asyncio.create_task(batch_api.runner.serve())
+            if batch_api is not None:
+                batch_api.runner.start()
             try:
                 yield
             finally:
-                if runner is not None:
-                    runner.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await runner
+                if batch_api is not None:
+                    await batch_api.runner.aclose()
                 await health.aclose()
 
     app = FastAPI(title="batchfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -59,15 +59,36 @@ class BatchRunner:
         self._files = files
         self._wake = asyncio.Event()
         self._running: dict[str, RunningJob] = {}
+        self._serving: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def wake(self) -> None:
         """Looks for jobs now (one was just created)."""
         self._wake.set()
 
-    async def serve(self) -> None:
-        """Takes and runs jobs until cancelled; then asks the running ones to stop."""
+    def start(self) -> None:
+        """Starts taking and running jobs, in a task on the running loop, until ``aclose``."""
+        self._serving = asyncio.create_task(self._serve(), name="batch-runner")
+
+    async def aclose(self) -> None:
+        """Stops taking jobs and waits while the running ones are asked to stop (up to
+        ``STOP_WAIT_S``). It cancels the loop, which also ends at its next turn by itself: on
+        Python 3.11 ``asyncio.wait_for`` drops a cancellation that comes as the wake-up it
+        waits for does (python/cpython#86296), and the loop would take jobs on forever."""
+        self._stopping = True
+        self._wake.set()
+        if self._serving is None:
+            return
+        self._serving.cancel()
+        await asyncio.wait([self._serving])
+        with contextlib.suppress(asyncio.CancelledError):
+            self._serving.result()
+
+    async def _serve(self) -> None:
+        """Takes and runs jobs until stopped or cancelled; then asks the running ones to
+        stop."""
         try:
-            while True:
+            while not self._stopping:
                 try:
                     await self._take_free_jobs()
                 except redis.RedisError as exc:
