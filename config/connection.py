@@ -46,7 +46,7 @@ def connect(settings: Settings, *, retry: Retry | None = None) -> redis.Redis:
         return cast(redis.Redis, cluster)
     if settings.redis_sentinel_master:
         sentinels = sentinel_group(settings, redis.sentinel.Sentinel)
-        master = sentinels.master_for(  # type: ignore[no-untyped-call]
+        master = sentinels.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             settings.redis_sentinel_master, connection_pool_class=MasterFollowingPool, **options
         )
         return cast(redis.Redis, master)

@@ -29,6 +29,12 @@ if HIREDIS_AVAILABLE:
 class LeanHiredisSerializer(HiredisRespSerializer):
     """redis-py's hiredis packing, arguments passed to hiredis as they are."""
 
+    def __init__(self) -> None:
+        # redis-py 8.2's serializer takes a fallback packer and an encoder, untyped. With
+        # neither, its pack (for what hiredis refuses) turns a bytearray into bytes and what
+        # hiredis still refuses into a DataError.
+        super().__init__()  # type: ignore[no-untyped-call, unused-ignore]
+
     def pack(self, *args: Any) -> list[bytes]:
         command = args[0]
         # A command name of several words ("SCRIPT LOAD") goes out as several arguments.
