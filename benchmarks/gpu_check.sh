@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check: the embedding model through the fleet on one GPU, one request per model call
-# vs micro-batched, with throughput and NVML-sampled GPU utilisation for each; then the fast
-# synthetic model, to show the pipeline's own ceiling on the GPU machine's cores.
+# The GPU check: the embedding model called directly (the ceiling, and what a busy Python
+# thread beside it costs), then through the fleet on one GPU, one request per model call vs
+# micro-batched, with throughput and NVML-sampled GPU utilisation for each, and with four
+# worker processes on the GPU; then the fast synthetic model, to show the pipeline's own
+# ceiling on the GPU machine's cores.
 #
 # It runs on an NVIDIA machine that has CUDA, PyTorch and sentence-transformers but no package
 # registry and no Redis. Two steps:
@@ -50,15 +52,16 @@ save_half_precision(pathlib.Path(sys.argv[1]))' "$PACK/weights"
 }
 
 run() {
-  local placement=(--gpu)
-  if [[ ${1:-} == --cpu ]]; then placement=(--threads 2); fi
-  local site out requests batch
+  local placement=(--gpu) device=cuda
+  if [[ ${1:-} == --cpu ]]; then placement=(--threads 2) device=cpu; fi
+  local site out requests batch repo
   site=$(mktemp -d)
   out=$(realpath -m "${GPU_CHECK_OUT:-$PACK/results}")
   requests=${GPU_CHECK_REQUESTS:-5000}
   batch=${GPU_CHECK_BATCH:-128}
   local weights
   weights=$(realpath "$PACK/weights")
+  repo=$(pwd)
   "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
     --target "$site" "$PACK"/wheels/*.whl
   mkdir -p "$out"
@@ -69,6 +72,9 @@ run() {
   export PYTHONPATH=$site PYTHONUNBUFFERED=1
   "$PYTHON" -c 'import torch, workers; print("torch", torch.__version__, "cuda",
     torch.cuda.is_available(), "batchfleet from", workers.__path__[0])'
+  echo "== MiniLM called directly on $device, no fleet"
+  "$PYTHON" "$repo/benchmarks/embedding_direct.py" --device "$device" --weights "$weights" \
+    --sentences $((requests / 5))
   echo "== one request per model call vs batches of 32, $requests sentences"
   "$PYTHON" -m workers.cli bench saturate --backend embedding "${placement[@]}" \
     --weights "$weights" --requests "$requests" --baseline --out "$out/batch32"
@@ -76,6 +82,12 @@ run() {
   "$PYTHON" -m workers.cli bench saturate --backend embedding "${placement[@]}" \
     --weights "$weights" --requests $((requests * 4)) --max-batch-size "$batch" \
     --group-by-cost --out "$out/batch$batch"
+  # A model that dispatches its kernels from Python holds the GIL for most of its call: more
+  # processes on one GPU, each with its own interpreter, and no second thread beside the batch.
+  echo "== four worker processes on one device, solo pool, $((requests * 2)) sentences"
+  BATCHFLEET_WORKER__POOL=solo "$PYTHON" -m workers.cli bench saturate --backend embedding \
+    "${placement[@]}" --weights "$weights" --requests $((requests * 2)) --workers 4 \
+    --out "$out/four-solo"
   # The pipeline's own ceiling with a fast model, on this machine's cores: the synthetic
   # model at 2 ms + 0.02 ms per item (a batch of 32 in 2.64 ms, 12,121 req/s), sent at once
   # and by 256 callers each awaiting its answer (benchmarks/README.md, issue 15).
