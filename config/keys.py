@@ -136,9 +136,11 @@ class Keys:
         their heartbeat's expiry."""
         return f"{self._model(model)}:devices"
 
-    def gpu_claim(self, gpu_uuid: str) -> str:
-        """Which worker (``--gpu auto``) runs on the GPU of this UUID; expires unless renewed."""
-        return f"{self.prefix}:gpuclaim:{gpu_uuid}"
+    def gpu_claim(self, gpu_uuid: str, share: int = 0) -> str:
+        """Which worker (``--gpu auto``) runs on the GPU of this UUID, in its ``share``-th
+        place (``worker.processes_per_gpu`` places a GPU); expires unless renewed."""
+        place = f":{share}" if share else ""
+        return f"{self.prefix}:gpuclaim:{gpu_uuid}{place}"
 
     def node(self, hostname: str) -> str:
         """A worker process's status: its work done and its GPU's latest NVML reading."""

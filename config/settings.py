@@ -130,6 +130,10 @@ class WorkerSettings(BaseModel):
     gpu_min_free_mb: int = Field(0, ge=0)
     # Streaming requests a worker runs at once per model, each on its own, beside its batches.
     stream_concurrency: int = Field(16, ge=1)
+    # Worker processes on each GPU: ``--gpus all`` starts this many per GPU, and as many
+    # ``--gpu auto`` replicas share each GPU. Above 1 for a model that launches its batch from
+    # Python (eager PyTorch), which its process's interpreter bounds, not its GPU.
+    processes_per_gpu: int = Field(1, ge=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -12,14 +12,16 @@ from collections.abc import Iterator
 
 import fakeredis
 import pytest
+from pydantic import ValidationError
 
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
+from workers.cli.main import build_parser
 from workers.protocol.capacity import GpuClaim, claim_gpu
 from workers.runtime.gpu import GpuReading, GpuSampler, GpuTelemetry, gpu_uuids
 from workers.runtime.heartbeat import EXIT_GPU_LOST, Heartbeat
-from workers.runtime.process import worker_hostname
+from workers.runtime.process import pinned_worker_commands, worker_hostname
 from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
@@ -166,13 +168,36 @@ def test_replicas_started_with_gpu_auto_take_one_gpu_each(
     GPU for the next."""
     uuids = gpu_uuids()
     assert uuids == ["GPU-0aaa", "GPU-1aaa"]
-    assert claim_gpu(fake_redis, KEYS, uuids, "replica-1", ttl_s=3) == 0
-    assert claim_gpu(fake_redis, KEYS, uuids, "replica-2", ttl_s=3) == 1
+    assert claim_gpu(fake_redis, KEYS, uuids, "replica-1", ttl_s=3).index == 0
+    assert claim_gpu(fake_redis, KEYS, uuids, "replica-2", ttl_s=3).index == 1
     with pytest.raises(ConfigError, match="all 2 GPU"):
         claim_gpu(fake_redis, KEYS, uuids, "replica-3", ttl_s=3)
     fake_redis.delete(KEYS.gpu_claim("GPU-0aaa"))  # replica-1 died; its claim expired
-    assert claim_gpu(fake_redis, KEYS, uuids, "replica-3", ttl_s=3) == 0
+    third = claim_gpu(fake_redis, KEYS, uuids, "replica-3", ttl_s=3)
+    assert third.index == 0
+    assert third.claim == GpuClaim(KEYS.gpu_claim("GPU-0aaa"), "replica-3")
     assert fake_redis.get(KEYS.gpu_claim("GPU-0aaa")) == b"replica-3"
+
+
+def test_replicas_share_each_gpu_processes_per_gpu_ways_spread_over_the_gpus_first(
+    nvml: FakeNvml, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """With two processes per GPU, four replicas take both GPUs' first places before either
+    GPU's second, a fifth finds none, and a second place no heartbeat renews is taken again."""
+    uuids = gpu_uuids()
+    places = [
+        claim_gpu(fake_redis, KEYS, uuids, f"replica-{n}", ttl_s=3, per_gpu=2) for n in range(4)
+    ]
+    assert [(place.index, place.share) for place in places] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert len({place.claim.key for place in places}) == 4
+    # A GPU's first place is the key a worker of one process per GPU holds.
+    assert places[1].claim.key == KEYS.gpu_claim("GPU-1aaa")
+    with pytest.raises(ConfigError, match=r"all 2 GPU.*2 per GPU"):
+        claim_gpu(fake_redis, KEYS, uuids, "replica-5", ttl_s=3, per_gpu=2)
+    fake_redis.delete(places[2].claim.key)
+    again = claim_gpu(fake_redis, KEYS, uuids, "replica-5", ttl_s=3, per_gpu=2)
+    assert (again.index, again.share) == (0, 1)
+    assert fake_redis.get(places[2].claim.key) == b"replica-5"
 
 
 def test_a_worker_beat_renews_its_gpu_claim_and_exits_if_another_took_it(
@@ -204,4 +229,33 @@ def test_a_pinned_worker_is_named_after_its_gpu_and_host() -> None:
     """The node name says which GPU of which host: gpu0@host (cpu-PID@host without one)."""
     host = socket.gethostname()
     assert worker_hostname(0) == f"gpu0@{host}"
+    assert worker_hostname(1, share=2) == f"gpu1-2@{host}"
     assert worker_hostname(None) == f"cpu-{os.getpid()}@{host}"
+
+
+@pytest.mark.parametrize("per_gpu", [1, 3])
+def test_gpus_all_starts_processes_per_gpu_pinned_processes_each_named_and_served_apart(
+    per_gpu: int,
+) -> None:
+    """``--gpus all`` on two GPUs: ``per_gpu`` processes pinned to each, every one a command
+    the CLI takes, with its own node name and metrics port (port + GPU index with one per GPU,
+    as before)."""
+    commands = pinned_worker_commands(["synthetic"], gpus=2, per_gpu=per_gpu, metrics_port=9100)
+    parsed = [build_parser().parse_args(command[3:]) for command in commands]
+    assert [args.gpu for args in parsed] == [0] * per_gpu + [1] * per_gpu
+    assert all(args.model == ["synthetic"] for args in parsed)
+    ports = [args.metrics_port for args in parsed]
+    assert sorted(ports) == list(range(9100, 9100 + 2 * per_gpu))
+    names = [args.name or worker_hostname(args.gpu) for args in parsed]
+    assert len(set(names)) == len(commands)
+    if per_gpu == 1:
+        assert ports == [9100, 9101]
+        assert names == [worker_hostname(0), worker_hostname(1)]
+
+
+def test_processes_per_gpu_is_at_least_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHFLEET_WORKER__PROCESSES_PER_GPU", "4")
+    assert Settings().worker.processes_per_gpu == 4
+    monkeypatch.setenv("BATCHFLEET_WORKER__PROCESSES_PER_GPU", "0")
+    with pytest.raises(ValidationError, match="processes_per_gpu"):
+        Settings()

@@ -237,11 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     placement.add_argument(
         "--gpu",
         type=_gpu_choice,
-        help="pin this process to GPU N, or 'auto': the first GPU no live worker claimed "
-        "(replicas of one container service that sees every GPU take one each)",
+        help="pin this process to GPU N, or 'auto': the first place on a GPU no live worker "
+        "claimed (replicas of one container service that sees every GPU take one each; "
+        "worker.processes_per_gpu places per GPU)",
     )
     placement.add_argument(
-        "--gpus", choices=["all"], help="one pinned process per GPU (the default)"
+        "--gpus",
+        choices=["all"],
+        help="pinned processes on every GPU, worker.processes_per_gpu on each (the default)",
     )
     placement.add_argument("--cpu", action="store_true", help="one process on the CPU")
     worker.add_argument("--model", action="append", help="serve only this model (repeatable)")
@@ -249,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--metrics-port",
         type=port_number,
-        help="serve Prometheus /metrics on this port (with one process per GPU: port + GPU index)",
+        help="serve Prometheus /metrics on this port (with --gpus all: port + GPU index x "
+        "processes per GPU + place on the GPU)",
     )
     worker.set_defaults(handler=cmd_worker)
 

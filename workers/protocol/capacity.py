@@ -205,21 +205,40 @@ def node_heartbeat(client: redis.Redis, keys: Keys, beat: NodeBeat) -> tuple[dic
     return {model: int(depth) for model, depth in zip(beat.models, depths, strict=True)}, held
 
 
+@dataclass(frozen=True)
+class ClaimedGpu:
+    """Where ``claim_gpu`` placed a worker: the GPU's index, its place on that GPU (0 up to
+    ``per_gpu``), and the claim its heartbeat renews."""
+
+    index: int
+    share: int
+    claim: GpuClaim
+
+
 def claim_gpu(
-    client: redis.Redis, keys: Keys, gpu_uuids: Sequence[str], owner: str, ttl_s: float
-) -> int:
-    """The index of the first of ``gpu_uuids`` no live worker has claimed, now claimed by
-    ``owner`` for ``ttl_s`` (its heartbeat renews it): replicas of one worker service, each
-    seeing every GPU of the host, take one GPU each.
+    client: redis.Redis,
+    keys: Keys,
+    gpu_uuids: Sequence[str],
+    owner: str,
+    ttl_s: float,
+    per_gpu: int = 1,
+) -> ClaimedGpu:
+    """The first place no live worker holds, ``per_gpu`` on each of ``gpu_uuids``, now
+    claimed by ``owner`` for ``ttl_s`` (its heartbeat renews it): replicas of one worker
+    service, each seeing every GPU of the host, spread over the GPUs first (every GPU's first
+    place before any second one), then share them.
 
     Raises:
-        ConfigError: there is no GPU, or every one is taken.
+        ConfigError: there is no GPU, or every place is taken.
     """
-    for index, gpu_uuid in enumerate(gpu_uuids):
-        if client.set(keys.gpu_claim(gpu_uuid), owner, nx=True, px=int(ttl_s * 1000)):
-            return index
+    for share in range(per_gpu):
+        for index, gpu_uuid in enumerate(gpu_uuids):
+            key = keys.gpu_claim(gpu_uuid, share)
+            if client.set(key, owner, nx=True, px=int(ttl_s * 1000)):
+                return ClaimedGpu(index, share, GpuClaim(key, owner))
     raise ConfigError(
         f"--gpu auto: all {len(gpu_uuids)} GPU(s) of this machine are taken by live workers"
+        f" ({per_gpu} per GPU, worker.processes_per_gpu)"
         if gpu_uuids
         else "--gpu auto: NVML finds no GPU on this machine"
     )

@@ -1,4 +1,5 @@
-"""Starts GPU-pinned Celery workers: one process per GPU, the model loaded once in each."""
+"""Starts GPU-pinned Celery workers: one process per GPU (``worker.processes_per_gpu`` of
+them), the model loaded once in each."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from config.connection import connect
 from config.errors import ConfigError
 from config.keys import Keys
 from config.settings import Settings
-from workers.protocol.capacity import GpuClaim, claim_gpu
+from workers.protocol.capacity import claim_gpu
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.runtime.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
@@ -29,10 +30,13 @@ from workers.runtime.tasks import register_tasks
 log = logging.getLogger(__name__)
 
 
-def worker_hostname(gpu: int | None) -> str:
-    """The Celery node name: the GPU id and the host, e.g. ``gpu0@node7``."""
+def worker_hostname(gpu: int | None, share: int | None = None) -> str:
+    """The Celery node name: the GPU id and the host, e.g. ``gpu0@node7``, with the process's
+    place on its GPU where several share it (``gpu0-1@node7``)."""
     host = socket.gethostname()
-    return f"gpu{gpu}@{host}" if gpu is not None else f"cpu-{os.getpid()}@{host}"
+    if gpu is None:
+        return f"cpu-{os.getpid()}@{host}"
+    return f"gpu{gpu}@{host}" if share is None else f"gpu{gpu}-{share}@{host}"
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -65,21 +69,29 @@ def run_worker(
     """Runs one Celery worker process serving ``models`` (and its metrics on
     ``metrics_port``) on GPU ``gpu``, on the first GPU no live worker claimed (``auto``), or
     on the CPU (None); returns its exit code."""
-    claim = None
+    claim = share = None
     if gpu == "auto":
-        keys = Keys(settings.key_prefix)
         uuids = gpu_uuids()
         owner = f"{name or socket.gethostname()}:{os.getpid()}"
-        gpu = claim_gpu(connect(settings), keys, uuids, owner, settings.worker.heartbeat_ttl_s)
-        claim = GpuClaim(keys.gpu_claim(uuids[gpu]), owner)
-        log.info("--gpu auto: claimed GPU %d (%s)", gpu, uuids[gpu])
+        per_gpu = settings.worker.processes_per_gpu
+        claimed = claim_gpu(
+            connect(settings),
+            Keys(settings.key_prefix),
+            uuids,
+            owner,
+            settings.worker.heartbeat_ttl_s,
+            per_gpu,
+        )
+        gpu, claim = claimed.index, claimed.claim
+        share = claimed.share if per_gpu > 1 else None
+        log.info("--gpu auto: claimed GPU %d (%s), place %d", gpu, uuids[gpu], claimed.share)
     if gpu is not None:
         require_gpu(gpu)
     device = pin_to_gpu(gpu) if gpu is not None else hide_gpus()
     # The next batch's thread must take the device the moment it frees, not when the
     # finishing thread's 5 ms GIL slice ends.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    hostname = name or worker_hostname(gpu)
+    hostname = name or worker_hostname(gpu, share)
     if gpu is None:
         log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
     runtime = WorkerRuntime(settings, hostname, device, models, gpu=gpu, gpu_claim=claim)
@@ -122,28 +134,42 @@ def run_worker(
     return int(worker.exitcode or 0)
 
 
+def pinned_worker_commands(
+    models: Sequence[str], gpus: int, per_gpu: int, metrics_port: int | None
+) -> list[list[str]]:
+    """The command of each pinned worker process, ``per_gpu`` on each of ``gpus`` GPUs. Where
+    several share a GPU they are named by their place on it (``gpu0-1@host``); the one in place
+    S of GPU N serves its metrics on ``metrics_port + N * per_gpu + S``."""
+    base = [sys.executable, "-m", "workers.cli", "worker"]
+    for model in models:
+        base += ["--model", model]
+    commands = []
+    for gpu in range(gpus):
+        for share in range(per_gpu):
+            command = [*base, "--gpu", str(gpu)]
+            if per_gpu > 1:
+                command += ["--name", worker_hostname(gpu, share)]
+            if metrics_port is not None:
+                command += ["--metrics-port", str(metrics_port + gpu * per_gpu + share)]
+            commands.append(command)
+    return commands
+
+
 def run_worker_per_gpu(
     settings: Settings, models: Sequence[str], metrics_port: int | None = None
 ) -> int:
-    """Starts one pinned worker process per GPU NVML reports (one CPU worker if none); the
-    one on GPU N serves its metrics on ``metrics_port + N``."""
+    """Starts ``worker.processes_per_gpu`` pinned worker processes on each GPU NVML reports
+    (one CPU worker if none), as ``pinned_worker_commands`` says."""
     count = gpu_count()
+    per_gpu = settings.worker.processes_per_gpu
     if count == 0:
         log.info("no GPU found: starting one CPU worker")
         return run_worker(settings, models, gpu=None, metrics_port=metrics_port)
-    if count == 1:
+    if count * per_gpu == 1:
         return run_worker(settings, models, gpu=0, metrics_port=metrics_port)
-    command = [sys.executable, "-m", "workers.cli", "worker"]
-    for model in models:
-        command += ["--model", model]
-
-    def metrics(index: int) -> list[str]:
-        return [] if metrics_port is None else ["--metrics-port", str(metrics_port + index)]
-
-    children = [
-        subprocess.Popen([*command, "--gpu", str(index), *metrics(index)]) for index in range(count)
-    ]
-    log.info("started %d workers, one per GPU", count)
+    commands = pinned_worker_commands(models, count, per_gpu, metrics_port)
+    children = [subprocess.Popen(command) for command in commands]
+    log.info("started %d workers, %d per GPU", len(children), per_gpu)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for child in children:
