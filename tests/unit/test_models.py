@@ -1,9 +1,13 @@
-"""The model registry, and the embedding backend's contract (when its extra is installed)."""
+"""The model registry, the synthetic model's launches, and the embedding backend's contract
+(when its extra is installed)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ from config.settings import ModelPolicy
 from workers.models.base import ItemError, Model
 from workers.models.embedding import save_half_precision
 from workers.models.registry import build_model, load_class
-from workers.models.synthetic import SyntheticModel
+from workers.models.synthetic import SyntheticModel, expected_output, launch
 
 
 class UserModel:
@@ -52,6 +56,47 @@ def test_a_users_model_plugs_in_by_import_path_with_its_options() -> None:
     assert isinstance(model, Model)
     assert model.predict([1, 2]) == [3, 6]
     assert model.version == "user-7"
+
+
+@pytest.fixture
+def switches_never_forced() -> Iterator[None]:
+    """The interpreter never takes the GIL from a running thread: another thread runs only
+    where the one holding it lets it go."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    yield
+    sys.setswitchinterval(interval)
+
+
+@pytest.mark.usefixtures("switches_never_forced")
+def test_a_synthetic_launch_works_the_cpu_and_lets_the_gil_go_at_each_launch() -> None:
+    """``launch_ms`` stands in for eager PyTorch launching a batch from Python: it spends
+    that much of its thread's CPU time, and a thread waiting for the GIL runs during it."""
+    woken, launching, ran_during_launch = threading.Event(), threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        woken.wait()
+        if launching.is_set():
+            ran_during_launch.set()
+
+    while not ran_during_launch.is_set():
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        cpu_before = time.thread_time()
+        launching.set()
+        woken.set()  # the waiter now wants the GIL, which this thread holds
+        launch(0.02)
+        launching.clear()
+        assert time.thread_time() - cpu_before >= 0.02
+        thread.join()
+        woken.clear()
+
+
+def test_a_launching_synthetic_model_answers_as_it_does_without_launches() -> None:
+    model = SyntheticModel(base_ms=0, per_item_ms=0, launch_ms=1)
+    assert model.predict([1, "two"]) == [expected_output(1), expected_output("two")]
+    with pytest.raises(ValueError, match="launch_ms"):
+        SyntheticModel(launch_ms=-1)
 
 
 @pytest.mark.parametrize(

@@ -212,6 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_wait_s=args.max_wait_s,
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
+        launch_ms=args.launch_ms,
         threads=args.threads,
         weights=args.weights,
         group_by_cost=args.group_by_cost,
@@ -379,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--per-item-ms", type=non_negative_float, default=0.5, help="synthetic cost per item"
+    )
+    bench.add_argument(
+        "--launch-ms",
+        type=non_negative_float,
+        default=0.0,
+        help="synthetic: Python (holding the GIL) that launches each batch, as eager PyTorch does",
     )
     bench.add_argument(
         "--baseline", action="store_true", help="also run the same load one request per model call"

@@ -2,7 +2,11 @@
 
 A batch costs ``base_ms + per_item_ms * size``, slept inside ``predict``, which the worker calls
 under its process's device lock: batches run one at a time, as on one GPU, and the CPU stays
-free for the pipeline. Outputs are
+free for the pipeline. With ``launch_ms`` the batch is also launched from Python first, as
+eager PyTorch launches its kernels: that much of the calling thread's CPU time, holding the
+GIL but for a moment every ``LAUNCH_STEP_S`` (a kernel launch), while the device time runs
+from the first launch; a MiniLM batch of 32 on an H200 is ~10 ms of launches for under 1 ms
+of GPU work (``benchmarks/README.md``). Outputs are
 deterministic: for input ``x`` the output is ``{"echo": x, "length": len(json(x))}``, or with
 ``dims`` set, an embedding-like vector of that many floats drawn from the input's SHA-256
 (unit length), for the gateway's ``/v1/embeddings``.
@@ -17,6 +21,12 @@ import random
 import time
 from collections.abc import Sequence
 from typing import Any
+
+LAUNCH_STEP_S = 30e-6  # Python between two kernel launches in eager PyTorch, about
+# A launch's own work, done with the GIL let go (hashlib lets it go past 2 KiB): ~18 µs here,
+# long enough for a thread waiting for the GIL to take it, as it does from PyTorch (~10 µs
+# of it was not, on this project's 2-core machine).
+LAUNCH_WORK = bytes(32 * 1024)
 
 
 def expected_output(item: Any) -> dict[str, Any]:
@@ -43,13 +53,15 @@ class SyntheticModel:
         per_item_ms: float | str = 0.5,
         version: str = "1",
         dims: int | str = 0,
+        launch_ms: float | str = 0.0,
     ) -> None:
         self.version = str(version)
         self.base_ms = float(base_ms)
         self.per_item_ms = float(per_item_ms)
         self.dims = int(dims)
-        if self.base_ms < 0 or self.per_item_ms < 0 or self.dims < 0:
-            raise ValueError("base_ms, per_item_ms and dims must be >= 0")
+        self.launch_ms = float(launch_ms)
+        if min(self.base_ms, self.per_item_ms, self.dims, self.launch_ms) < 0:
+            raise ValueError("base_ms, per_item_ms, dims and launch_ms must be >= 0")
 
     def setup(self, device: str) -> None:
         self.device = device
@@ -58,7 +70,21 @@ class SyntheticModel:
         return (self.base_ms + self.per_item_ms * size) / 1000.0
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
-        time.sleep(self.batch_seconds(len(batch)))
+        started = time.perf_counter()
+        launch(self.launch_ms / 1000.0)
+        time.sleep(max(0.0, self.batch_seconds(len(batch)) - (time.perf_counter() - started)))
         if self.dims:
             return [expected_vector(item, self.dims) for item in batch]
         return [expected_output(item) for item in batch]
+
+
+def launch(cpu_seconds: float) -> None:
+    """Runs Python for ``cpu_seconds`` of this thread's CPU time, a launch (``LAUNCH_WORK``,
+    without the GIL) every ``LAUNCH_STEP_S`` of it. CPU time, not wall time: a thread kept
+    waiting for the GIL makes no progress, as a launching thread does not."""
+    end = time.thread_time() + cpu_seconds
+    while (now := time.thread_time()) < end:
+        step_end = min(end, now + LAUNCH_STEP_S)
+        while time.thread_time() < step_end:
+            pass
+        hashlib.sha256(LAUNCH_WORK)

@@ -49,6 +49,7 @@ class BenchConfig:
     max_wait_s: float = 0.015
     base_ms: float = 20.0
     per_item_ms: float = 0.5
+    launch_ms: float = 0.0
     threads: int | None = None
     weights: str | None = None
     group_by_cost: bool = False
@@ -74,6 +75,8 @@ class BenchConfig:
         """The model and its batching, in words, for the report's first line."""
         if self.backend == "synthetic":
             model = f"synthetic model {self.base_ms:g} ms + {self.per_item_ms:g} ms/item"
+            if self.launch_ms:
+                model += f", launched in {self.launch_ms:g} ms of Python"
         else:
             threads = f", {self.threads} torch thread(s)" if self.threads else ""
             device = f"{self.gpus} GPU(s)" if self.gpus else f"the CPU{threads}"
@@ -86,7 +89,11 @@ class BenchConfig:
 
     def models(self) -> dict[str, dict[str, Any]]:
         if self.backend == "synthetic":
-            options: dict[str, Any] = {"base_ms": self.base_ms, "per_item_ms": self.per_item_ms}
+            options: dict[str, Any] = {
+                "base_ms": self.base_ms,
+                "per_item_ms": self.per_item_ms,
+                "launch_ms": self.launch_ms,
+            }
         else:
             options = {"threads": self.threads} if self.threads else {}
             if self.weights:
