@@ -2,7 +2,7 @@
 # The GPU check: the embedding model called directly (the ceiling, and what a busy Python
 # thread beside it costs), then through the fleet on one GPU, one request per model call vs
 # micro-batched, with throughput and NVML-sampled GPU utilisation for each, and with four
-# worker processes on the GPU; then the fast synthetic model, to show the pipeline's own
+# and eight worker processes on the GPU; then the fast synthetic model, to show the pipeline's own
 # ceiling on the GPU machine's cores.
 #
 # It runs on an NVIDIA machine that has CUDA, PyTorch and sentence-transformers but no package
@@ -88,6 +88,12 @@ run() {
   BATCHFLEET_WORKER__POOL=solo "$PYTHON" -m workers.cli bench saturate --backend embedding \
     "${placement[@]}" --weights "$weights" --requests $((requests * 2)) --workers 4 \
     --out "$out/four-solo"
+  # Eight gave no more than four on the H200 (2026-12-04): one torch thread each, to tell the
+  # CPU's oversubscription (8 x 16 torch threads) from the GPU's time-slicing of 8 contexts.
+  echo "== eight worker processes on one device, solo pool, one torch thread each"
+  BATCHFLEET_WORKER__POOL=solo "$PYTHON" -m workers.cli bench saturate --backend embedding \
+    "${placement[@]}" --threads 1 --weights "$weights" --requests $((requests * 2)) \
+    --workers 8 --out "$out/eight-solo"
   # The pipeline's own ceiling with a fast model, on this machine's cores: the synthetic
   # model at 2 ms + 0.02 ms per item (a batch of 32 in 2.64 ms, 12,121 req/s), sent at once
   # and by 256 callers each awaiting its answer (benchmarks/README.md, issue 15).
