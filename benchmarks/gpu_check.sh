@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: the embedding model called directly (the ceiling, and what a busy Python
 # thread beside it costs), then through the fleet on one GPU, one request per model call vs
-# micro-batched, with throughput and NVML-sampled GPU utilisation for each, and with four
-# and eight worker processes on the GPU; then the fast synthetic model, to show the pipeline's own
-# ceiling on the GPU machine's cores.
+# micro-batched, with throughput and NVML-sampled GPU utilisation for each, and with four and
+# eight worker processes on the GPU; then the fast synthetic model, to show the pipeline's
+# own ceiling on the GPU machine's cores.
 #
 # It runs on an NVIDIA machine that has CUDA, PyTorch and sentence-transformers but no package
 # registry and no Redis. Two steps:
