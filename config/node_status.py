@@ -22,6 +22,8 @@ field                      value
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 AT = "at"
 DEVICE = "device"
 MODELS = "models"
@@ -35,6 +37,7 @@ GPU_NAME = "gpu_name"
 GPU_UTILISATION = "gpu_utilisation"
 GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes"
 GPU_MEMORY_TOTAL_BYTES = "gpu_memory_total_bytes"
+GPU_UUID = "gpu_uuid"
 GPU_FIELDS = (
     "gpu_index",
     GPU_NAME,
@@ -43,6 +46,7 @@ GPU_FIELDS = (
     GPU_MEMORY_TOTAL_BYTES,
     "gpu_temperature_c",
     "gpu_power_w",
+    GPU_UUID,
 )
 
 
@@ -54,3 +58,9 @@ def batches_of(model: str) -> str:
 def requests_of(model: str) -> str:
     """The field counting the requests of ``model``'s calls."""
     return f"{REQUESTS}:{model}"
+
+
+def device_of(hostname: str, status: Mapping[str, str]) -> str:
+    """The device a worker process's status says it runs on: its GPU's UUID where it reads
+    one (processes sharing a GPU, ``worker.processes_per_gpu``, share it), else the process."""
+    return status.get(GPU_UUID, hostname)

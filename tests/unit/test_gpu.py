@@ -108,6 +108,7 @@ def test_telemetry_reads_the_pinned_gpu_in_base_units(nvml: FakeNvml) -> None:
         memory_total_bytes=140 * 2**30,
         temperature_c=61.0,
         power_w=412.5,
+        uuid="GPU-0aaa",
     )
     assert reading.memory_free_bytes == 110 * 2**30
 

@@ -53,7 +53,7 @@ def test_the_node_status_fields_are_pinned() -> None:
         "last_batch_at": "1000.000",
     }
     assert (node_status.AT, node_status.DEVICE, node_status.MODELS) == ("at", "device", "models")
-    reading = GpuReading(0, "H200", 0.5, 1, 2, 60.0, 400.0)
+    reading = GpuReading(0, "H200", 0.5, 1, 2, 60.0, 400.0, uuid="GPU-1")
     assert tuple(reading.fields()) == node_status.GPU_FIELDS
     assert all(field.startswith(node_status.GPU_PREFIX) for field in node_status.GPU_FIELDS)
 

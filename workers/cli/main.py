@@ -118,6 +118,30 @@ def cmd_top(args: argparse.Namespace) -> int:
         client.close()
 
 
+def _worker_devices(settings: Settings, workers: set[str]) -> dict[str, str]:
+    """The device each of ``workers`` runs on, as its live status says: processes sharing a
+    GPU name the same one. None (each worker its own device) for a worker whose status
+    expired, or when Redis does not answer: the job is done, only its price is rougher."""
+    import redis
+
+    from config import node_status
+    from config.connection import connect
+    from config.keys import Keys
+    from workers.tools.top import node_statuses
+
+    client = connect(settings)
+    try:
+        statuses = node_statuses(client, Keys(settings.key_prefix), workers)
+        return {
+            name: node_status.device_of(name, status) for name, status in statuses.items() if status
+        }
+    except redis.RedisError as exc:
+        log.warning("the workers' devices not read (%s): each worker priced as a device", exc)
+        return {}
+    finally:
+        client.close()
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -148,6 +172,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             Path(args.errors) if args.errors else None,
             options=options,
         )
+    if price:
+        report.device_of = _worker_devices(settings, report.workers())
     print_summary(report, model, args.file, options.job_id, price)
     return exit_code(report)
 

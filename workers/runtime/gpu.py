@@ -125,6 +125,7 @@ class GpuReading:
     memory_total_bytes: int
     temperature_c: float | None
     power_w: float | None
+    uuid: str | None = None  # tells apart the processes sharing one GPU from GPUs of their own
 
     @property
     def memory_free_bytes(self) -> int:
@@ -176,6 +177,7 @@ class GpuTelemetry:
                     )
                 ),
                 power_w=_optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000),
+                uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
             )
         except pynvml.NVMLError as exc:
             log.warning("GPU %s: NVML reading failed: %s", self.index, exc)

@@ -255,8 +255,9 @@ def run_bench(config: BenchConfig) -> int:
 
 
 def cost_of_run(config: BenchConfig, model: str, summary: dict[str, Any]) -> RunCost | None:
-    """The run's cost at ``gpu_cost_per_hour`` (one device per worker), with its tokens when
-    the model counts them; None without a price."""
+    """The run's cost at ``gpu_cost_per_hour`` (a device per GPU the workers are pinned to,
+    else per worker; workers sharing a GPU add their busy shares up), with its tokens when the
+    model counts them; None without a price."""
     if config.gpu_cost_per_hour is None:
         return None
     counter = token_counter(ModelPolicy.model_validate(config.models()[model]))
@@ -264,12 +265,13 @@ def cost_of_run(config: BenchConfig, model: str, summary: dict[str, Any]) -> Run
     if counter is not None:
         make_input = inputs_for(config.backend, config.seed)  # the run's inputs, in order
         tokens = sum(counter(make_input(index)) for index in range(summary["sent"]))
+    devices = len(config.gpu_indices()) or config.workers
     return run_cost(
         config.gpu_cost_per_hour,
-        config.workers,
+        devices,
         summary["window_s"],
         summary["completed"],
-        summary["busy_fraction"],
+        summary["busy_fraction"] * config.workers / devices,
         tokens,
     )
 

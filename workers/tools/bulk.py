@@ -96,7 +96,14 @@ class BulkReport:
     busy_s: float = 0.0
     calls: dict[tuple[str, str, float], int] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
+    # Worker process -> the device it runs on (``node_status.device_of``), for pricing:
+    # processes sharing a GPU are one device. A worker missing here is a device of its own.
+    device_of: dict[str, str] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def workers(self) -> set[str]:
+        """The worker processes whose model calls ran the requests this run sent."""
+        return {worker for worker, _, _ in self.calls} - {""}
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -134,7 +141,7 @@ class BulkReport:
         the rest exact; the mean batch is the mean size of the model calls that ran them."""
         summary = RunStats(model, "file", len(self.samples), self.samples).summary()
         window_s = (self.last_answered or 0.0) - (self.first_sent or 0.0)
-        devices = max(1, len({worker for worker, _, _ in self.calls} - {""}))
+        devices = max(1, len({self.device_of.get(worker, worker) for worker in self.workers()}))
         sizes = list(self.calls.values())
         summary.update(
             sent=self.answered,
@@ -143,7 +150,9 @@ class BulkReport:
             throughput_rps=round(self.completed / window_s, 1) if window_s > 0 else 0.0,
             batches=len(sizes),
             mean_batch_size=round(sum(sizes) / len(sizes), 2) if sizes else 0.0,
-            busy_fraction=round(self.busy_s / (window_s * devices), 3) if window_s > 0 else 0.0,
+            busy_fraction=(
+                round(min(1.0, self.busy_s / (window_s * devices)), 3) if window_s > 0 else 0.0
+            ),
             devices=devices,
         )
         return summary
@@ -500,7 +509,7 @@ def print_summary(
     gpu_cost_per_hour: float | None = None,
 ) -> None:
     """What happened to every line, the demo's table for the requests this run sent, and
-    with a GPU price what the run cost (one device per worker that answered)."""
+    with a GPU price what the run cost (one device per GPU, or CPU worker, that answered)."""
     errors = ", ".join(f"{code} {count}" for code, count in sorted(report.errors.items()))
     blank = f", {report.blank} blank lines" if report.blank else ""
     print(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +65,22 @@ def read_snapshot(client: redis.Redis, keys: Keys, models: Sequence[str]) -> Sna
             for member, alive_until in members
             if alive_until > server_now
         }
+    return Snapshot(server_now, depths, stats, latencies, node_statuses(client, keys, hostnames))
+
+
+def node_statuses(
+    client: redis.Redis, keys: Keys, hostnames: Iterable[str]
+) -> dict[str, dict[str, str]]:
+    """The status each worker process last published (``config.node_status``), by name; an
+    expired one is empty."""
     pipe = client.pipeline(transaction=False)
     names = sorted(hostnames)
     for hostname in names:
         pipe.hgetall(keys.node(hostname))
-    nodes = {
+    return {
         hostname: {to_text(field): to_text(value) for field, value in status.items()}
         for hostname, status in zip(names, pipe.execute(), strict=True)
     }
-    return Snapshot(server_now, depths, stats, latencies, nodes)
 
 
 def _latency(item: bytes | str) -> tuple[float, float]:
@@ -206,19 +213,22 @@ def _busy(old: dict[str, str], status: dict[str, str]) -> float | None:
 
 
 def cost_line(before: Snapshot, now: Snapshot, price_per_hour: float) -> str:
-    """What the live workers cost at ``price_per_hour`` each: per 1,000 requests at the rate
-    answered over the window, and per hour of their idle time."""
+    """What the live workers' devices cost at ``price_per_hour`` each: per 1,000 requests at
+    the rate answered over the window, and per hour of their idle time. A GPU that several
+    processes share (``worker.processes_per_gpu``) is one device, busy for the sum of their
+    busy shares (at most all the time)."""
     elapsed_s = now.now - before.now
     answered = sum(
         sum(_answered(now.stats[model])) - sum(_answered(before.stats.get(model, {})))
         for model in now.stats
     )
-    devices = len(now.nodes)
-    idle = sum(
-        1 - min(busy, 1.0)
-        for hostname, status in now.nodes.items()
-        if (busy := _busy(before.nodes.get(hostname, {}), status)) is not None
-    )
+    busy_by_device: dict[str, float | None] = {}
+    for hostname, status in now.nodes.items():
+        device = node_status.device_of(hostname, status)
+        busy, known = _busy(before.nodes.get(hostname, {}), status), busy_by_device.get(device)
+        busy_by_device[device] = busy if known is None else known + (busy or 0.0)
+    devices = len(busy_by_device)
+    idle = sum(1 - min(busy, 1.0) for busy in busy_by_device.values() if busy is not None)
     per_1k = (
         f"{money(price_per_hour * devices * elapsed_s / 3600 / answered * 1000)} per 1,000 requests"
         if answered > 0 and elapsed_s > 0
