@@ -120,8 +120,8 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def _worker_devices(settings: Settings, workers: set[str]) -> dict[str, str]:
     """The device each of ``workers`` runs on, as its live status says: processes sharing a
-    GPU name the same one. None (each worker its own device) for a worker whose status
-    expired, or when Redis does not answer: the job is done, only its price is rougher."""
+    GPU name the same one. A worker whose status expired is left out (a device of its own), and
+    all are when Redis does not answer: the job is done, only its price is rougher."""
     import redis
 
     from config import node_status
