@@ -120,8 +120,8 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def _worker_devices(settings: Settings, workers: set[str]) -> dict[str, str]:
     """The device each of ``workers`` runs on, as its live status says: processes sharing a
-    GPU name the same one. A worker whose status expired is left out (a device of its own), and
-    all are when Redis does not answer: the job is done, only its price is rougher."""
+    GPU name the same one; a worker whose status expired is its own device, and so is every
+    worker when Redis does not answer: the job is done, only its price is rougher."""
     import redis
 
     from config import node_status
@@ -132,9 +132,7 @@ def _worker_devices(settings: Settings, workers: set[str]) -> dict[str, str]:
     client = connect(settings)
     try:
         statuses = node_statuses(client, Keys(settings.key_prefix), workers)
-        return {
-            name: node_status.device_of(name, status) for name, status in statuses.items() if status
-        }
+        return {name: node_status.device_of(name, status) for name, status in statuses.items()}
     except redis.RedisError as exc:
         log.warning("the workers' devices not read (%s): each worker priced as a device", exc)
         return {}

@@ -71,7 +71,8 @@ class SyntheticModel:
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
         started = time.perf_counter()
-        launch(self.launch_ms / 1000.0)
+        if self.launch_ms:
+            launch(self.launch_ms / 1000.0)
         time.sleep(max(0.0, self.batch_seconds(len(batch)) - (time.perf_counter() - started)))
         if self.dims:
             return [expected_vector(item, self.dims) for item in batch]

@@ -222,13 +222,13 @@ def cost_line(before: Snapshot, now: Snapshot, price_per_hour: float) -> str:
         sum(_answered(now.stats[model])) - sum(_answered(before.stats.get(model, {})))
         for model in now.stats
     )
-    busy_by_device: dict[str, float | None] = {}
+    shares_by_device: dict[str, list[float]] = {}
     for hostname, status in now.nodes.items():
-        device = node_status.device_of(hostname, status)
-        busy, known = _busy(before.nodes.get(hostname, {}), status), busy_by_device.get(device)
-        busy_by_device[device] = busy if known is None else known + (busy or 0.0)
-    devices = len(busy_by_device)
-    idle = sum(1 - min(busy, 1.0) for busy in busy_by_device.values() if busy is not None)
+        shares = shares_by_device.setdefault(node_status.device_of(hostname, status), [])
+        if (busy := _busy(before.nodes.get(hostname, {}), status)) is not None:
+            shares.append(busy)
+    devices = len(shares_by_device)
+    idle = sum(1 - min(sum(shares), 1.0) for shares in shares_by_device.values() if shares)
     per_1k = (
         f"{money(price_per_hour * devices * elapsed_s / 3600 / answered * 1000)} per 1,000 requests"
         if answered > 0 and elapsed_s > 0
