@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -99,6 +99,20 @@ class Prepared(NamedTuple):
     @property
     def request(self) -> Request:
         return Request.decode(self.encoded)
+
+
+class CheckedInputs(NamedTuple):
+    """One call's requests, every one validated (``ProducerCore.check_all``) but not yet
+    built into admission calls (``ProducerCore.build``)."""
+
+    model: str
+    policy: ModelPolicy
+    request_ids: list[str]
+    inputs_json: list[str]
+    # Whether the caller gave the ids (see ``Prepared.callers_id``).
+    callers_ids: bool
+    timeout_s: float
+    priority: Priority
 
 
 def abbreviated(value: object) -> str:
@@ -196,43 +210,11 @@ class ProducerCore:
         Raises:
             UnknownModel, InvalidInput, InputTooLarge, DeadlinePassed: refused at the edge.
         """
-        policy = self.policy(model)
-        given_id = request_id
-        request_id = self._check_request_id(request_id)
-        input_json = canonical_json(input)
-        size = len(input_json.encode())
-        if size > policy.max_input_bytes:
-            raise InputTooLarge(
-                f"input of {size} bytes is over the {policy.max_input_bytes}-byte cap of {model!r}"
-            )
-        timeout_s = policy.request_timeout_s if deadline_s is None else deadline_s
-        if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
-            raise InvalidInput(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
-        if timeout_s <= 0:
-            raise DeadlinePassed(f"request {request_id}: deadline {timeout_s}s is already past")
-        if timeout_s > MAX_DEADLINE_S:
-            raise InvalidInput(f"deadline_s {timeout_s} is over the {MAX_DEADLINE_S:.0f}s maximum")
-        if priority not in PRIORITY_RANK:
-            raise InvalidInput(f"priority is one of {list(PRIORITY_RANK)}, got {priority!r}")
-        if priority != "normal" and not policy.priorities:
-            raise InvalidInput(f"model {model!r} takes no priorities (set its priorities = true)")
-        now = time.time()
-        digest = input_digest(model, input_json)
-        encoded = encode_request(
-            request_id, model, input_json, digest, now, now + timeout_s, cast(Priority, priority)
+        ids = None if request_id is None else [request_id]
+        (prepared,) = self.prepare_all(
+            model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
-        return Prepared(
-            request_id=request_id,
-            model=model,
-            digest=digest,
-            encoded=encoded,
-            record_key=self.keys.record(model, request_id),
-            record_ttl_ms=int((timeout_s + policy.result_ttl_s) * 1000),
-            result_key=self.keys.result(model, request_id),
-            result_ttl_ms=int(policy.result_ttl_s * 1000),
-            submitted_at=now,
-            callers_id=given_id is not None,
-        )
+        return prepared
 
     def prepare_all(
         self,
@@ -243,35 +225,110 @@ class ProducerCore:
         deadline_s: float | None = None,
         priority: str = "normal",
     ) -> list[Prepared]:
-        """Validates every input (see ``prepare``), before any is enqueued; ``request_ids``,
-        when given, are the caller's, one per input."""
-        items = list(inputs)
-        if request_ids is not None and len(request_ids) != len(items):
-            raise InvalidInput(f"{len(request_ids)} request ids for {len(items)} inputs")
-        if request_ids is not None and len(set(request_ids)) != len(request_ids):
-            repeated = next(rid for rid, n in Counter(request_ids).items() if n > 1)
-            raise InvalidInput(f"request id {abbreviated(repeated)} is given twice in one call")
-        if request_ids is None:
-            return [
-                self.prepare(model, item, deadline_s=deadline_s, priority=priority)
-                for item in items
-            ]
-        return [
-            self.prepare(
-                model, item, request_id=request_id, deadline_s=deadline_s, priority=priority
-            )
-            for item, request_id in zip(items, request_ids, strict=True)
-        ]
-
-    def admission_chunks(self, prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
-        """``prepared`` (one model) in the chunks admitted one round trip each: at most
-        ``submit_chunk``, and at most the model's queue cap, so that each fits an empty queue."""
-        if not prepared:
-            return []
-        return chunks(
-            prepared,
-            min(self.settings.submit_chunk, self.policy(prepared[0].model).max_queue_len),
+        """Validates every input (``check_all``) and builds every admission call at once."""
+        checked = self.check_all(
+            model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
+        return self.build(checked)
+
+    def check_all(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        request_ids: Sequence[str] | None = None,
+        deadline_s: float | None = None,
+        priority: str = "normal",
+    ) -> CheckedInputs:
+        """Validates a call's options and every input before any request is built or
+        enqueued; ``request_ids``, when given, are the caller's, one per input, else each
+        request's id is drawn here.
+
+        Raises:
+            UnknownModel, InvalidInput, InputTooLarge, DeadlinePassed: refused at the edge.
+        """
+        policy = self.policy(model)
+        items = list(inputs)
+        if request_ids is None:
+            ids = [os.urandom(16).hex() for _ in items]
+        else:
+            if len(request_ids) != len(items):
+                raise InvalidInput(f"{len(request_ids)} request ids for {len(items)} inputs")
+            ids = [self._check_request_id(request_id) for request_id in request_ids]
+            if len(set(ids)) != len(ids):
+                repeated = next(rid for rid, n in Counter(ids).items() if n > 1)
+                raise InvalidInput(f"request id {abbreviated(repeated)} is given twice in one call")
+        timeout_s = policy.request_timeout_s if deadline_s is None else deadline_s
+        if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+            raise InvalidInput(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
+        if timeout_s <= 0:
+            raise DeadlinePassed(f"deadline {timeout_s}s is already past")
+        if timeout_s > MAX_DEADLINE_S:
+            raise InvalidInput(f"deadline_s {timeout_s} is over the {MAX_DEADLINE_S:.0f}s maximum")
+        if priority not in PRIORITY_RANK:
+            raise InvalidInput(f"priority is one of {list(PRIORITY_RANK)}, got {priority!r}")
+        if priority != "normal" and not policy.priorities:
+            raise InvalidInput(f"model {model!r} takes no priorities (set its priorities = true)")
+        inputs_json = [canonical_json(item) for item in items]
+        for input_json in inputs_json:
+            size = len(input_json.encode())
+            if size > policy.max_input_bytes:
+                raise InputTooLarge(
+                    f"input of {size} bytes is over the {policy.max_input_bytes}-byte cap"
+                    f" of {model!r}"
+                )
+        return CheckedInputs(
+            model=model,
+            policy=policy,
+            request_ids=ids,
+            inputs_json=inputs_json,
+            callers_ids=request_ids is not None,
+            timeout_s=float(timeout_s),
+            priority=cast(Priority, priority),
+        )
+
+    def build(
+        self, checked: CheckedInputs, start: int = 0, stop: int | None = None
+    ) -> list[Prepared]:
+        """The admission calls of ``checked``'s requests ``start`` to ``stop`` (all by
+        default), submitted now."""
+        model, policy = checked.model, checked.policy
+        record_ttl_ms = int((checked.timeout_s + policy.result_ttl_s) * 1000)
+        result_ttl_ms = int(policy.result_ttl_s * 1000)
+        now = time.time()
+        deadline_at = now + checked.timeout_s
+        prepared = []
+        for request_id, input_json in zip(
+            checked.request_ids[start:stop], checked.inputs_json[start:stop], strict=True
+        ):
+            digest = input_digest(model, input_json)
+            encoded = encode_request(
+                request_id, model, input_json, digest, now, deadline_at, checked.priority
+            )
+            prepared.append(
+                Prepared(
+                    request_id=request_id,
+                    model=model,
+                    digest=digest,
+                    encoded=encoded,
+                    record_key=self.keys.record(model, request_id),
+                    record_ttl_ms=record_ttl_ms,
+                    result_key=self.keys.result(model, request_id),
+                    result_ttl_ms=result_ttl_ms,
+                    submitted_at=now,
+                    callers_id=checked.callers_ids,
+                )
+            )
+        return prepared
+
+    def admission_chunks(self, checked: CheckedInputs) -> Iterator[list[Prepared]]:
+        """``checked``'s requests in the chunks admitted one round trip each, each built when
+        asked for, so that the first is queued (and running) while the rest are built: at most
+        ``submit_chunk``, and at most the model's queue cap, so that each fits an empty
+        queue."""
+        size = min(self.settings.submit_chunk, checked.policy.max_queue_len)
+        for start in range(0, len(checked.request_ids), size):
+            yield self.build(checked, start, start + size)
 
     def one_by_one_groups(self, items: Sequence[Prepared]) -> list[list[int]]:
         """The single submits of many callers (``items``, any models) in the groups admitted
@@ -411,9 +468,7 @@ class ProducerCore:
         return self.keys.stats(model), stats_fields.refused(refusal.reason)
 
     @staticmethod
-    def _check_request_id(request_id: str | None) -> str:
-        if request_id is None:
-            return os.urandom(16).hex()
+    def _check_request_id(request_id: str) -> str:
         if not is_valid_request_id(request_id):
             raise InvalidInput(
                 f"request_id must be 1-{MAX_REQUEST_ID_LEN} printable characters without spaces,"
@@ -723,9 +778,7 @@ def cached_result_head(item: Prepared) -> str:
 
 
 def chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
-    """Splits ``items`` into the groups sent in one round trip each (each admitted whole or
-    not at all: callers cap ``size`` at the model's ``max_queue_len``, so that a chunk always
-    fits an empty queue)."""
+    """Splits ``items`` into the groups sent in one round trip each."""
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 

@@ -41,6 +41,7 @@ from config.sentinel import AsyncMasterFollowingPool, sentinel_group
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
     RECORD_CHANGED,
+    CheckedInputs,
     Prepared,
     ProducerCore,
     StreamReader,
@@ -285,9 +286,10 @@ class AsyncProducer:
         """Enqueues one request and returns its id; see ``Producer.submit`` (this producer
         becomes its waiter)."""
         ids = None if request_id is None else [request_id]
-        (prepared,) = await self._prepare(
+        checked = await self._check(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
+        (prepared,) = self._core.build(checked)
         self._listener.hold(model, [prepared.request_id])
         reply: str | bytes = ""
         try:
@@ -351,20 +353,18 @@ class AsyncProducer:
         priority: str = "normal",
     ) -> list[str]:
         """Enqueues many requests, one round trip per chunk; see ``Producer.submit_many``."""
-        prepared = await self._prepare(
+        checked = await self._check(
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
-        await self._enqueue(model, prepared)
-        return [item.request_id for item in prepared]
+        await self._enqueue(model, checked)
+        return checked.request_ids
 
-    async def _enqueue(
-        self, model: str, prepared: Sequence[Prepared], waiting: bool = False
-    ) -> set[str]:
-        """Admits ``prepared`` chunk by chunk; see ``Producer._enqueue``."""
+    async def _enqueue(self, model: str, checked: CheckedInputs, waiting: bool = False) -> set[str]:
+        """Admits ``checked`` chunk by chunk; see ``Producer._enqueue``."""
         accepted: list[str] = []
         enqueued: set[str] = set()
         call = partial(self._core.admit_call, waiting=waiting)
-        for chunk in self._core.admission_chunks(prepared):
+        for chunk in self._core.admission_chunks(checked):
             try:
                 replies = await self._admitted(self._admit, chunk, call)
                 ids = self._core.check_chunk(chunk, replies)
@@ -416,12 +416,12 @@ class AsyncProducer:
         await self._follow_fleet()
         return self._core.policy(model)
 
-    async def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:
-        """Validates every input (``ProducerCore.prepare_all``) by the fleet's policies; a
+    async def _check(self, model: str, inputs: Iterable[Any], **options: Any) -> CheckedInputs:
+        """Validates every input (``ProducerCore.check_all``) by the fleet's policies; a
         refusal is counted in the model's stats, best effort."""
         await self._follow_fleet()
         try:
-            return self._core.prepare_all(model, inputs, **options)
+            return self._core.check_all(model, inputs, **options)
         except RequestRejected as refusal:
             counter = self._core.refusal_count(model, refusal)
             if counter is not None:
@@ -469,7 +469,8 @@ class AsyncProducer:
         producer.stream(...)``); see ``Producer.stream``. Leaving the loop early, or
         cancelling the task, cancels the request."""
         ids = None if request_id is None else [request_id]
-        (prepared,) = await self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
+        checked = await self._check(model, [input], request_ids=ids, deadline_s=deadline_s)
+        (prepared,) = self._core.build(checked)
         (admitted,) = await self._admitted(self._stream_admit, [prepared], self._core.stream_call)
         self._core.check_admission(prepared, admitted)
         self._core.remember(model, [prepared.request_id])
@@ -643,10 +644,10 @@ class AsyncProducer:
         deadline_s: float | None = None,
     ) -> list[Any]:
         """Submits ``inputs`` and returns their outputs in input order; see ``Producer.infer``."""
-        prepared = await self._prepare(model, inputs, deadline_s=deadline_s)
-        ids = [item.request_id for item in prepared]
+        checked = await self._check(model, inputs, deadline_s=deadline_s)
+        ids = checked.request_ids
         self._core.remember(model, ids)
-        admission = partial(self._enqueue, model, prepared, waiting=True)
+        admission = partial(self._enqueue, model, checked, waiting=True)
         by_id = await self._collected(ids, timeout_s, admission)
         return [by_id[request_id].unwrap() for request_id in ids]
 

@@ -30,6 +30,7 @@ from config.schema import Result
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.admission import (
     RECORD_CHANGED,
+    CheckedInputs,
     Prepared,
     ProducerCore,
     StreamReader,
@@ -212,9 +213,10 @@ class Producer:
                 admission is tried again meanwhile, never enqueued twice).
         """
         ids = None if request_id is None else [request_id]
-        (prepared,) = self._prepare(
+        checked = self._check(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
+        (prepared,) = self._core.build(checked)
         self._listener.hold(model, [prepared.request_id])
         reply: str | bytes = ""
         try:
@@ -253,19 +255,20 @@ class Producer:
                 chunk's admission is tried again meanwhile, never enqueued twice);
                 ``accepted_ids`` as above.
         """
-        prepared = self._prepare(
+        checked = self._check(
             model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
         )
-        self._enqueue(model, prepared)
-        return [item.request_id for item in prepared]
+        self._enqueue(model, checked)
+        return checked.request_ids
 
-    def _enqueue(self, model: str, prepared: Sequence[Prepared], waiting: bool = False) -> set[str]:
-        """Admits ``prepared`` chunk by chunk, as ``submit_many`` says; ``waiting``, with this
-        producer's inbox as the waiter of each request it enqueues, whose ids it returns."""
+    def _enqueue(self, model: str, checked: CheckedInputs, waiting: bool = False) -> set[str]:
+        """Admits ``checked`` chunk by chunk, each built as its turn comes (the first runs
+        while the rest are built), as ``submit_many`` says; ``waiting``, with this producer's
+        inbox as the waiter of each request it enqueues, whose ids it returns."""
         accepted: list[str] = []
         enqueued: set[str] = set()
         call = partial(self._core.admit_call, waiting=waiting)
-        for chunk in self._core.admission_chunks(prepared):
+        for chunk in self._core.admission_chunks(checked):
             try:
                 replies = self._admitted(self._admit, chunk, call)
                 ids = self._core.check_chunk(chunk, replies)
@@ -317,12 +320,12 @@ class Producer:
         self._follow_fleet()
         return self._core.policy(model)
 
-    def _prepare(self, model: str, inputs: Iterable[Any], **options: Any) -> list[Prepared]:
-        """Validates every input (``ProducerCore.prepare_all``) by the fleet's policies; a
+    def _check(self, model: str, inputs: Iterable[Any], **options: Any) -> CheckedInputs:
+        """Validates every input (``ProducerCore.check_all``) by the fleet's policies; a
         refusal is counted in the model's stats, best effort."""
         self._follow_fleet()
         try:
-            return self._core.prepare_all(model, inputs, **options)
+            return self._core.check_all(model, inputs, **options)
         except RequestRejected as refusal:
             counter = self._core.refusal_count(model, refusal)
             if counter is not None:
@@ -354,7 +357,8 @@ class Producer:
                 stream's own time runs out (``ResultTimeout``).
         """
         ids = None if request_id is None else [request_id]
-        (prepared,) = self._prepare(model, [input], request_ids=ids, deadline_s=deadline_s)
+        checked = self._check(model, [input], request_ids=ids, deadline_s=deadline_s)
+        (prepared,) = self._core.build(checked)
         (reply,) = self._admitted(self._stream_admit, [prepared], self._core.stream_call)
         self._core.check_admission(prepared, reply)
         self._core.remember(model, [prepared.request_id])
@@ -562,10 +566,10 @@ class Producer:
             RequestRejected, BrokerUnavailable: as ``submit_many``.
             ResultTimeout, UnknownRequest, RedisAccessDenied: as ``results``.
         """
-        prepared = self._prepare(model, inputs, deadline_s=deadline_s)
-        ids = [item.request_id for item in prepared]
+        checked = self._check(model, inputs, deadline_s=deadline_s)
+        ids = checked.request_ids
         self._core.remember(model, ids)
-        admission = partial(self._enqueue, model, prepared, waiting=True)
+        admission = partial(self._enqueue, model, checked, waiting=True)
         results = self._answers(self._results(ids, timeout_s, admission))
         by_id = {result.request_id: result for result in results}
         return [by_id[request_id].unwrap() for request_id in ids]

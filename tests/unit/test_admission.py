@@ -178,6 +178,19 @@ def test_submit_many_validates_everything_before_enqueuing(
     assert queued(fake_redis) == 0
 
 
+def test_a_bad_input_past_the_first_chunk_refuses_the_whole_call(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Chunks (of 10 here, the queue cap) are built one by one as they are admitted, but
+    every input is validated before the first is: a bad input in a later chunk still
+    enqueues nothing."""
+    with pytest.raises(InputTooLarge):
+        producer.submit_many("synthetic", [*range(10), "x" * 2000])
+    with pytest.raises(InvalidInput):
+        producer.submit_many("synthetic", [*range(10), 11], request_ids=[*"abcdefghij", " "])
+    assert queued(fake_redis) == 0
+
+
 def test_result_of_an_unknown_id_fails_at_once(producer: Producer) -> None:
     """Asking for an id never accepted raises UnknownRequest instead of waiting."""
     with pytest.raises(UnknownRequest):

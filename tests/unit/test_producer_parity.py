@@ -10,6 +10,7 @@ import fakeredis
 import pytest
 
 from config.errors import InputTooLarge, UnknownModel
+from config.keys import Keys
 from config.settings import Settings
 from producer.async_client import AsyncProducer
 from producer.client import Producer
@@ -55,3 +56,14 @@ def test_the_async_producer_validates_like_the_sync_one(settings: Settings) -> N
         asyncio.run(producer.validate("synthetic", "x" * 5000))
     assert asyncio.run(producer.validate("synthetic", "fine")) is None
     assert asyncio.run(client.keys("*")) == []
+
+
+def test_the_async_producer_validates_a_whole_call_before_its_first_chunk(
+    settings: Settings,
+) -> None:
+    """A bad input past the first chunk (of 10: the queue cap) enqueues nothing."""
+    client = fakeredis.aioredis.FakeRedis()
+    producer = AsyncProducer(settings, client=client, listen_client=client)
+    with pytest.raises(InputTooLarge):
+        asyncio.run(producer.submit_many("synthetic", [*range(10), "x" * 5000]))
+    assert asyncio.run(client.exists(Keys(settings.key_prefix).stream("synthetic"))) == 0
