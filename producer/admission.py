@@ -269,22 +269,24 @@ class ProducerCore:
             raise InvalidInput(f"priority is one of {list(PRIORITY_RANK)}, got {priority!r}")
         if priority != "normal" and not policy.priorities:
             raise InvalidInput(f"model {model!r} takes no priorities (set its priorities = true)")
-        inputs_json = [canonical_json(item) for item in items]
-        for input_json in inputs_json:
+        inputs_json = []
+        for item in items:
+            input_json = canonical_json(item)
             size = len(input_json.encode())
             if size > policy.max_input_bytes:
                 raise InputTooLarge(
                     f"input of {size} bytes is over the {policy.max_input_bytes}-byte cap"
                     f" of {model!r}"
                 )
+            inputs_json.append(input_json)
         return CheckedInputs(
-            model=model,
-            policy=policy,
-            request_ids=ids,
-            inputs_json=inputs_json,
-            callers_ids=request_ids is not None,
-            timeout_s=float(timeout_s),
-            priority=cast(Priority, priority),
+            model,
+            policy,
+            ids,
+            inputs_json,
+            request_ids is not None,
+            timeout_s,
+            cast(Priority, priority),
         )
 
     def build(
