@@ -113,6 +113,9 @@ class CheckedInputs(NamedTuple):
     callers_ids: bool
     timeout_s: float
     priority: Priority
+    # When the call was checked: every request's submission time, its deadline counted
+    # from it, however late its chunk is built.
+    checked_at: float
 
 
 def abbreviated(value: object) -> str:
@@ -287,25 +290,26 @@ class ProducerCore:
             request_ids is not None,
             timeout_s,
             cast(Priority, priority),
+            time.time(),
         )
 
     def build(
         self, checked: CheckedInputs, start: int = 0, stop: int | None = None
     ) -> list[Prepared]:
         """The admission calls of ``checked``'s requests ``start`` to ``stop`` (all by
-        default), submitted now."""
+        default)."""
         model, policy = checked.model, checked.policy
         record_ttl_ms = int((checked.timeout_s + policy.result_ttl_s) * 1000)
         result_ttl_ms = int(policy.result_ttl_s * 1000)
-        now = time.time()
-        deadline_at = now + checked.timeout_s
+        submitted_at = checked.checked_at
+        deadline_at = submitted_at + checked.timeout_s
         prepared = []
         for request_id, input_json in zip(
             checked.request_ids[start:stop], checked.inputs_json[start:stop], strict=True
         ):
             digest = input_digest(model, input_json)
             encoded = encode_request(
-                request_id, model, input_json, digest, now, deadline_at, checked.priority
+                request_id, model, input_json, digest, submitted_at, deadline_at, checked.priority
             )
             # Positional, in the fields' order: half the time of naming them, per request.
             prepared.append(
@@ -318,7 +322,7 @@ class ProducerCore:
                     record_ttl_ms,
                     self.keys.result(model, request_id),
                     result_ttl_ms,
-                    now,
+                    submitted_at,
                     checked.callers_ids,
                 )
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import fakeredis
 import pytest
@@ -18,6 +19,7 @@ from config.errors import (
     UnknownRequest,
 )
 from config.keys import Keys
+from config.schema import STREAM_FIELD, Request
 from config.settings import ModelPolicy, Settings
 from producer.client import Producer
 
@@ -189,6 +191,27 @@ def test_a_bad_input_past_the_first_chunk_refuses_the_whole_call(
     with pytest.raises(InvalidInput):
         producer.submit_many("synthetic", [*range(10), 11], request_ids=[*"abcdefghij", " "])
     assert queued(fake_redis) == 0
+
+
+def test_every_chunk_of_a_call_counts_its_deadline_from_the_call(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """A later chunk is built when its turn comes, yet its requests were submitted with the
+    call: the same submission time and deadline as the first chunk's, deadline_s after it."""
+    settings = Settings(
+        redis_url="redis://fake:6379/0", submit_chunk=4, models={"synthetic": ModelPolicy()}
+    )
+    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
+    with Producer(settings, client=fake_redis, listen_client=listen) as producer:
+        called_at = time.time()
+        producer.submit_many("synthetic", range(10), deadline_s=5)  # three chunks
+        returned_at = time.time()
+    entries = fake_redis.xrange(STREAM)
+    requests = [Request.decode(fields[STREAM_FIELD.encode()]) for _, fields in entries]
+    assert [request.input for request in requests] == list(range(10))
+    submitted_at = requests[0].submitted_at
+    assert {(r.submitted_at, r.deadline_at) for r in requests} == {(submitted_at, submitted_at + 5)}
+    assert called_at <= submitted_at <= returned_at
 
 
 def test_result_of_an_unknown_id_fails_at_once(producer: Producer) -> None:
