@@ -27,7 +27,7 @@ from config.batch_task import BatchTask
 from config.keys import Keys
 from config.schema import STREAM_FIELD, Result
 from config.settings import load_settings
-from producer.admission import ProducerCore
+from producer.admission import Prepared, ProducerCore
 from workers.models.synthetic import SyntheticModel
 from workers.protocol.entries import read_entries
 from workers.protocol.results import ResultWriter
@@ -69,7 +69,11 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
     settings = load_settings(models={MODEL: {}})
     core = ProducerCore(settings)
     inputs = [f"request {n}" for n in range(size)]
-    prepared = core.prepare_all(MODEL, inputs)
+
+    def prepare() -> list[Prepared]:
+        return core.build(core.check_all(MODEL, inputs))
+
+    prepared = prepare()
     stream_entries = [
         (f"1764740000000-{n}".encode(), {STREAM_FIELD.encode(): item.encoded.encode()})
         for n, item in enumerate(prepared)
@@ -92,7 +96,7 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
         return json.loads(base64.b64decode(envelope["body"]))
 
     return [
-        ("producer", "prepare (validate, digest, encode)", lambda: core.prepare_all(MODEL, inputs)),
+        ("producer", "prepare (validate, digest, encode)", prepare),
         ("producer", "admission call (keys, args)", lambda: core.admit_call(prepared)),
         ("batcher", "decode stream entries", lambda: read_entries(stream_entries, MODEL, 600)),
         ("batcher", "task message", lambda: batch_message(task, "q")),

@@ -70,7 +70,8 @@ class RequestPath:
 
     def round(self) -> dict[str, float]:
         """Server CPU seconds of each call (``CALLS``) for one batch of new requests."""
-        self._prepared = self._core.prepare_all(MODEL, [f"request {n}" for n in range(self._size)])
+        inputs = [f"request {n}" for n in range(self._size)]
+        self._prepared = self._core.build(self._core.check_all(MODEL, inputs))
         calls: list[Callable[[], None]] = [
             self.admit,
             self.watch,

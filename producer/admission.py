@@ -214,25 +214,11 @@ class ProducerCore:
             UnknownModel, InvalidInput, InputTooLarge, DeadlinePassed: refused at the edge.
         """
         ids = None if request_id is None else [request_id]
-        (prepared,) = self.prepare_all(
+        checked = self.check_all(
             model, [input], request_ids=ids, deadline_s=deadline_s, priority=priority
         )
+        (prepared,) = self.build(checked)
         return prepared
-
-    def prepare_all(
-        self,
-        model: str,
-        inputs: Iterable[Any],
-        *,
-        request_ids: Sequence[str] | None = None,
-        deadline_s: float | None = None,
-        priority: str = "normal",
-    ) -> list[Prepared]:
-        """Validates every input (``check_all``) and builds every admission call at once."""
-        checked = self.check_all(
-            model, inputs, request_ids=request_ids, deadline_s=deadline_s, priority=priority
-        )
-        return self.build(checked)
 
     def check_all(
         self,

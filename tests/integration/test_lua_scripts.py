@@ -87,7 +87,7 @@ def admit(
 
 
 def prepare(core: ProducerCore, *inputs: Any, ids: Sequence[str] | None = None) -> list[Prepared]:
-    return core.prepare_all(MODEL, list(inputs), request_ids=ids)
+    return core.build(core.check_all(MODEL, list(inputs), request_ids=ids))
 
 
 def stats(client: redis.Redis, keys: Keys) -> dict[str, int]:
