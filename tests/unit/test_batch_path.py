@@ -13,6 +13,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 from pydantic import SecretStr
 
 from config.batch_task import BatchTask
@@ -21,6 +22,7 @@ from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
 from producer.admission import ProducerCore
 from producer.client import Producer
+from tests.chaos.harness import wait_until
 from workers.batcher.model_batcher import ModelBatcher
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
@@ -363,6 +365,98 @@ def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
     assert {stored_result(fake_redis, rid).batch_size for rid in rode_along} == {4}
     assert not any(fake_redis.exists(KEYS.result("synthetic", rid)) for rid in later[3:])
     assert fake_redis.xlen(STREAM) == 2
+
+
+class GatedModel(FailingModel):
+    """Echoes; a batch holding "hold" stays on the device until ``release`` is set."""
+
+    on_device = threading.Event()
+    release = threading.Event()
+
+    def predict(self, batch: Sequence[Any]) -> list[Any]:
+        if "hold" in batch:
+            GatedModel.on_device.set()
+            GatedModel.release.wait()
+        return [{"ok": item} for item in batch]
+
+
+def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_joiners(
+    fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that reached the stream while a batch ran ride in the batch waiting for the
+    device. The running batch's slot release wakes a batcher with a free slot, which reads
+    the stream: so it is sent only once the waiting batch has taken the device and read
+    them, not when the device frees."""
+    GatedModel.on_device.clear()
+    GatedModel.release.clear()
+    slot_released_at_claim: list[bool] = []
+    with fleet_of_backend(fake_redis, f"{__name__}:GatedModel") as fleet:
+        add_worker(fake_redis, slots=2)
+        fleet.producer.submit("synthetic", "hold")
+        fleet.batcher.step()
+        fleet.batcher.step()
+        waiting_first = fleet.producer.submit("synthetic", "next")
+        fleet.batcher.step()
+        fleet.batcher.step()
+        running_task, waiting_task = (BatchTask(*sent["args"]) for sent in fleet.celery.sent)
+        running = threading.Thread(target=fleet.runtime.run_batch, args=(running_task,))
+        running.start()
+        GatedModel.on_device.wait()
+        late = fleet.producer.submit_many("synthetic", ["a", "b"])
+        device = fleet.runtime.device
+        claim = device.claim
+
+        def noting_claim(*args: Any, **kwargs: Any) -> Any:
+            inflight = fake_redis.zscore(KEYS.inflight("synthetic"), running_task.batch_id)
+            slot_released_at_claim.append(inflight is None)
+            return claim(*args, **kwargs)
+
+        monkeypatch.setattr(device, "claim", noting_claim)
+        waiting = threading.Thread(target=fleet.runtime.run_batch, args=(waiting_task,))
+        waiting.start()
+        wait_until(lambda: device.waiting == 1)
+        GatedModel.release.set()
+        running.join()
+        waiting.join()
+    assert slot_released_at_claim == [False]
+    rode = [stored_result(fake_redis, rid) for rid in [waiting_first, *late]]
+    assert {(result.batch_id, result.batch_size) for result in rode} == {(waiting_task.batch_id, 3)}
+    assert fake_redis.zcard(KEYS.inflight("synthetic")) == 0
+    assert set(fake_redis.lrange(KEYS.slot_free("synthetic"), 0, -1)) == {
+        running_task.batch_id.encode(),
+        waiting_task.batch_id.encode(),
+    }
+
+
+def test_a_slot_release_handed_to_a_failing_claim_is_still_sent(
+    runtime: WorkerRuntime, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """A finished batch hands its slot release to the batch waiting for the device; when that
+    batch's claim fails, the release is sent anyway: the slot is not lost until its lease
+    runs out."""
+    state = FleetState(fake_redis, KEYS, "synthetic")
+    state.dispatched("finished", "slot", lease_s=30)
+    no_group = KEYS.stream("other")
+    fake_redis.xadd(no_group, {STREAM_FIELD: "{}"})
+    device = runtime.device
+    failed: list[BaseException] = []
+
+    def claim_when_free() -> None:
+        with device.held():
+            try:
+                device.claim(no_group, [], fill_to=4)
+            except redis.ResponseError as exc:
+                failed.append(exc)
+
+    with device.held():
+        waiting = threading.Thread(target=claim_when_free)
+        waiting.start()
+        wait_until(lambda: device.waiting == 1)
+        assert device.hand_over(state.release_commands("finished", lease_s=30))
+    waiting.join()
+    assert failed, "a read of a stream without the group should have failed"
+    assert fake_redis.zscore(KEYS.inflight("synthetic"), "finished") is None
+    assert fake_redis.lrange(KEYS.slot_free("synthetic"), 0, -1) == [b"finished"]
 
 
 def test_requests_read_while_redis_lost_its_scripts_are_still_sent(

@@ -105,16 +105,20 @@ class FleetState:
     def batch_done(self, batch_id: str, lease_s: float) -> Callable[[], None]:
         """Clears the batch from in-flight and wakes a batcher waiting for a free slot: sent
         at once; the returned function reads Redis's replies (``send_now``)."""
+        release = self.release_commands(batch_id, lease_s)
+        return send_now(self._client, self._keys.inflight(self._model), *release)
+
+    def release_commands(self, batch_id: str, lease_s: float) -> list[tuple[Any, ...]]:
+        """What ``batch_done`` sends, for a caller that sends it in a round trip of its own:
+        idempotent but for the wake-up token, of which a batcher needs one."""
         inflight, slot_free = self._keys.inflight(self._model), self._keys.slot_free(self._model)
-        return send_now(
-            self._client,
-            inflight,
+        return [
             ("ZREM", inflight, batch_id),
             ("HDEL", self._keys.inflight_owners(self._model), batch_id),
             ("LPUSH", slot_free, batch_id),
             ("LTRIM", slot_free, 0, SLOT_TOKENS_KEPT - 1),
             ("EXPIRE", slot_free, max(1, int(lease_s))),
-        )
+        ]
 
     def wait_for_slot(self, timeout_s: float, lease_s: float) -> Capacity:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:

@@ -16,7 +16,7 @@ from config.schema import STREAM_FIELD, Request, Result
 from workers.protocol.capacity import FleetState
 from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
 from workers.protocol.results import Answer, ResultWriter, error_answer, poison_answer
-from workers.runtime.device import Runnable, nothing_to_read
+from workers.runtime.device import Device, Runnable, nothing_to_read
 
 
 @dataclass
@@ -124,13 +124,20 @@ class BatchRun:
         self.writer.finalize([*self.answers, *computed])
         self.writer.drop(self.dropped)
 
-    def free_slot(self) -> None:
+    def free_slot(self, device: Device | None = None) -> None:
         """Gives the batch's worker slot back, once: when the device is done with the batch,
         so that the next batch travels to the worker while this one's answers are written,
         and whatever happened (requests a failure left unanswered stay pending in the
         stream and are reclaimed after the lease). It is sent, not waited for:
-        ``slot_freed`` reads Redis's reply."""
-        if self.slot_reply is None:
+        ``slot_freed`` reads Redis's reply. Given the ``device`` this batch still holds, the
+        release rides in the claim of a batch waiting for it (``Device.hand_over``)."""
+        if self.slot_reply is not None:
+            return
+        if device is not None and device.hand_over(
+            self.state.release_commands(self.batch_id, self.lease_s)
+        ):
+            self.slot_reply = nothing_to_read
+        else:
             self.slot_reply = self.state.batch_done(self.batch_id, self.lease_s)
 
     def slot_freed(self) -> None:

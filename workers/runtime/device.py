@@ -8,9 +8,10 @@ found holding exactly what was on its device.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,12 +52,47 @@ class Device:
     def __init__(
         self, settings: Settings, client: redis.Redis, gpu: GpuTelemetry, consumer: str
     ) -> None:
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
         self.consumer = consumer
         self._settings = settings
         self._client = client
         self._gpu = gpu
         self._busy_since: float | None = None
+        self._waiting = 0
+        self._counting = threading.Lock()
+        self._handed: list[tuple[Any, ...]] = []
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Holds the device lock; the thread counts as waiting for the device until it has
+        it (see ``hand_over``). Whoever takes the device claims before anything else."""
+        with self._counting:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._counting:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def hand_over(self, commands: Sequence[tuple[Any, ...]]) -> bool:
+        """Called, holding the device, by a batch done with it. When another batch waits for
+        the device, ``commands`` (the finished batch's slot release) are sent by that
+        batch's claim once its read of late joiners returns: a batcher woken by the release
+        cannot take them from it first. False when none waits: the caller sends them."""
+        if self.waiting == 0:
+            return False
+        self._handed.extend(commands)
+        return True
+
+    @property
+    def waiting(self) -> int:
+        """How many threads wait for the device (a batch each, decoded and started)."""
+        with self._counting:
+            return self._waiting
 
     def busy_s(self) -> float:
         """How long the device has been held by the current model call; 0 when it is free."""
@@ -74,13 +110,32 @@ class Device:
         self, stream: str, runnables: Sequence[Runnable], fill_to: int = 0
     ) -> tuple[list[StreamEntry], Callable[[], None]]:
         """Moves ``runnables`` to the device consumer, restarting their lease, for the model
-        call the caller makes next (holding ``lock``).
+        call the caller makes next (holding the device), and sends what a batch done with the
+        device handed over (``hand_over``).
 
         With ``fill_to`` it also takes requests no batcher has read yet, up to that batch
-        size (late binding), in the same round trip, and returns them. With nothing to take,
-        the claim is only sent, so the model starts at once; the returned ``confirm`` reads
-        its reply, to be called once the device is released, whatever happened.
+        size (late binding), in the same round trip, and returns them; what was handed over
+        is sent once that read returns, not in its round trip (the batcher it wakes would
+        delay the reply). With nothing to take, the claim is only sent, so the model starts
+        at once. The returned ``confirm`` reads the replies of what was only sent, to be
+        called once the device is released, whatever happened.
         """
+        handed, self._handed = self._handed, []
+        try:
+            return self._claim(stream, runnables, fill_to, handed)
+        except BaseException:
+            if handed:  # the finished batch's slot must not wait for its lease to expire
+                with contextlib.suppress(redis.RedisError):
+                    send_now(self._client, stream, *handed)()
+            raise
+
+    def _claim(
+        self,
+        stream: str,
+        runnables: Sequence[Runnable],
+        fill_to: int,
+        handed: Sequence[tuple[Any, ...]],
+    ) -> tuple[list[StreamEntry], Callable[[], None]]:
         ids: list[Any] = [entry_id for entry_id, _ in runnables]
         room = fill_to - len(runnables)
         if room > 0:
@@ -89,11 +144,13 @@ class Device:
                 pipe.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, ids, justid=True)
             pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
             reply: Any = pipe.execute()[-1]
-            return [entry for _, entries in reply or [] for entry in entries], nothing_to_read
-        if not ids:
-            return [], nothing_to_read
+            confirm = send_now(self._client, stream, *handed) if handed else nothing_to_read
+            return [entry for _, entries in reply or [] for entry in entries], confirm
         claim = ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID")
-        return [], send_now(self._client, stream, claim)
+        commands = [claim, *handed] if ids else list(handed)
+        if not commands:
+            return [], nothing_to_read
+        return [], send_now(self._client, stream, *commands)
 
     def timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
         """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the

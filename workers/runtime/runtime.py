@@ -195,33 +195,37 @@ class WorkerRuntime:
             # still on the device when another batch kills the process would count a death);
             # between two of them the other slots' batches may take the device.
             for one in runnable:
-                with self.device.lock:
+                with self.device.held():
                     single = self._run_on_device(batch, [one], 0)
                     batch.writer.finalize(answers_of(batch, single, version, self.hostname))
                     self._observe(batch.model, single)
         elif runnable or tops_up:
             fill_to = self.batch_cap(batch.model).current() if tops_up else 0
-            runs = self._run_on_device(batch, runnable, fill_to)
-            batch.free_slot()
+            runs = self._run_on_device(batch, runnable, fill_to, free_slot=True)
         time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         batch.finish(answers_of(batch, runs, version, self.hostname))
         self._observe(batch.model, runs)
         return len(runnable) + len(batch.late)
 
     def _run_on_device(
-        self, batch: BatchRun, runnable: list[Runnable], fill_to: int
+        self, batch: BatchRun, runnable: list[Runnable], fill_to: int, free_slot: bool = False
     ) -> list[ModelRun]:
         """Takes the device, tops ``runnable`` up to ``fill_to`` with late joiners, and runs
-        them. The lock is held for the model only: answers are built after it frees."""
+        them; with ``free_slot``, gives the batch's slot back before the device frees (to a
+        batch waiting for it: ``BatchRun.free_slot``). The lock is held for the model only:
+        answers are built after it frees."""
         predict = self.device.timed(self.model(batch.model), self.batch_cap(batch.model))
         confirm = None
         try:
-            with self.device.lock:
+            with self.device.held():
                 arrived, confirm = self.device.claim(
                     self.keys.stream(batch.model), runnable, fill_to
                 )
                 on_device = [*runnable, *batch.sort_late(arrived)]
-                return isolate_failures(predict, on_device) if on_device else []
+                runs = isolate_failures(predict, on_device) if on_device else []
+                if free_slot:
+                    batch.free_slot(self.device)
+                return runs
         finally:
             if confirm is not None:
                 confirm()
