@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -53,14 +54,33 @@ async def poisson_arrivals(
 ) -> AsyncIterator[tuple[int, float]]:
     """Poisson arrivals at ``rate`` per second for ``duration_s``: yields each one's index and
     scheduled time (monotonic clock) when that time comes, so that a request is timed from
-    when it was due and a late sender cannot hide queueing."""
+    when it was due and a late sender cannot hide queueing.
+
+    A timer thread wakes the loop at each arrival: the loop's own timers wake up to a
+    millisecond late (``epoll_wait`` takes whole milliseconds, rounded up), and a request's
+    latency would count that as the fleet's."""
     rng = random.Random(seed)
     started = next_at = time.monotonic()
-    index = 0
+    schedule = []
     while next_at - started < duration_s:
-        delay = next_at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        yield index, next_at
-        index += 1
+        schedule.append(next_at)
         next_at += rng.expovariate(rate)
+    loop = asyncio.get_running_loop()
+    arrived: asyncio.Queue[int | None] = asyncio.Queue()
+    stop = threading.Event()
+
+    def tick() -> None:
+        for index, due in enumerate(schedule):
+            if stop.wait(max(0.0, due - time.monotonic())):
+                return
+            loop.call_soon_threadsafe(arrived.put_nowait, index)
+        loop.call_soon_threadsafe(arrived.put_nowait, None)
+
+    timer = threading.Thread(target=tick, name="poisson-arrivals", daemon=True)
+    timer.start()
+    try:
+        while (index := await arrived.get()) is not None:
+            yield index, schedule[index]
+    finally:
+        stop.set()
+        timer.join()
