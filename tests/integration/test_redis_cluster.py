@@ -10,15 +10,18 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
-from config.keys import Keys
+from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.settings import load_settings
 from producer.async_client import AsyncProducer
 from producer.client import Producer
+from tests.chaos.harness import wait_until
 from workers.local.local_cluster import LocalCluster
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
 from workers.models.synthetic import expected_output
+from workers.protocol.entries import to_text
 
 from .conftest import check_outputs, wait_ready
 
@@ -84,3 +87,49 @@ def test_two_models_on_different_masters_are_served_end_to_end(
                 return [other.result(request_id, timeout_s=60) for request_id in ids]
 
     assert asyncio.run(asynchronous()) == [expected_output(f"{m} async") for m in MODELS]
+
+
+@pytest.mark.parametrize(
+    "waiting_policy", [{}, {"max_batch_size": 1}], ids=["tops-itself-up", "full"]
+)
+def test_a_slot_release_handed_to_another_models_batch_reaches_its_own_master(
+    cluster_fleet: tuple[LocalCluster, LocalFleet],
+    monkeypatch: pytest.MonkeyPatch,
+    waiting_policy: dict[str, int],
+) -> None:
+    """One worker serves both models: a batch of one waits for the device while the other's
+    runs, and gets the finished batch's slot release to send. It goes to the finished
+    model's master, so that model's batch leaves in-flight, and the waiting batch runs and
+    answers (sent to the wrong master, it failed that batch: its request was answered only
+    when reclaimed, after the lease). The waiting batch tops itself up (the release follows
+    its read) or is full (the release follows its claim, sent without waiting)."""
+    cluster, fleet = cluster_fleet
+    slow = {"backend": "synthetic", "options": {"base_ms": 300, "per_item_ms": 0}}
+    fleet.env["BATCHFLEET_MODELS"] = json.dumps({"synthetic": slow, "text": waiting_policy})
+    for name, value in settings_of(fleet).items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    keys = Keys(settings.key_prefix)
+    first, second = MODELS
+    stream = redis.Redis.from_url(cluster.node_of(keys.stream(first)).url)
+    inflight = redis.Redis.from_url(cluster.node_of(keys.inflight(first)).url)
+    fleet.start("batcher")
+    fleet.start("worker", "--cpu")
+    with Producer(settings) as producer:
+        wait_ready(producer, fleet)
+        running = producer.submit(first, "runs first")
+        wait_until(lambda: on_device(stream, keys.stream(first)))
+        waiting = producer.submit(second, "waits for the device")
+        before_reclaim_s = settings.batcher.reclaim_lease_s / 2
+        answer = producer.result(waiting, timeout_s=before_reclaim_s)
+        assert answer == expected_output("waits for the device")
+        assert producer.result(running, timeout_s=60) == expected_output("runs first")
+    assert inflight.zcard(keys.inflight(first)) == 0
+    stream.close()
+    inflight.close()
+
+
+def on_device(client: redis.Redis, stream: str) -> bool:
+    """Whether a worker's device holds a request of ``stream`` (it is in the model call)."""
+    held = client.xpending_range(stream, CONSUMER_GROUP, "-", "+", 10)
+    return any(held_on_device(to_text(entry["consumer"])) for entry in held)

@@ -452,7 +452,7 @@ def test_a_slot_release_handed_to_a_failing_claim_is_still_sent(
         waiting = threading.Thread(target=claim_when_free)
         waiting.start()
         wait_until(lambda: device.waiting == 1)
-        assert device.hand_over(state.release_commands("finished", lease_s=30))
+        assert device.hand_over(state.slot_release("finished", lease_s=30))
     waiting.join()
     assert failed, "a read of a stream without the group should have failed"
     assert fake_redis.zscore(KEYS.inflight("synthetic"), "finished") is None

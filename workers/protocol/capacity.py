@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.exceptions import NoScriptError
@@ -49,6 +49,13 @@ def _counted(reply: Sequence[Any]) -> Capacity:
         _, _, count = text.rpartition("|")
         slots += int(count) if count.isdigit() else 1
     return Capacity(workers=len(members), slots=slots, inflight=int(inflight))
+
+
+class SlotRelease(NamedTuple):
+    """A finished batch's slot release: its commands, all on the hash slot of ``key``."""
+
+    key: str
+    commands: tuple[tuple[Any, ...], ...]
 
 
 def worker_member(hostname: str, slots: int) -> str:
@@ -105,20 +112,21 @@ class FleetState:
     def batch_done(self, batch_id: str, lease_s: float) -> Callable[[], None]:
         """Clears the batch from in-flight and wakes a batcher waiting for a free slot: sent
         at once; the returned function reads Redis's replies (``send_now``)."""
-        release = self.release_commands(batch_id, lease_s)
-        return send_now(self._client, self._keys.inflight(self._model), *release)
+        release = self.slot_release(batch_id, lease_s)
+        return send_now(self._client, release.key, *release.commands)
 
-    def release_commands(self, batch_id: str, lease_s: float) -> list[tuple[Any, ...]]:
-        """What ``batch_done`` sends, for a caller that sends it in a round trip of its own:
-        idempotent but for the wake-up token, of which a batcher needs one."""
+    def slot_release(self, batch_id: str, lease_s: float) -> SlotRelease:
+        """What ``batch_done`` sends, for a caller that sends it itself: idempotent but for
+        the wake-up token, of which a batcher needs one."""
         inflight, slot_free = self._keys.inflight(self._model), self._keys.slot_free(self._model)
-        return [
+        commands = (
             ("ZREM", inflight, batch_id),
             ("HDEL", self._keys.inflight_owners(self._model), batch_id),
             ("LPUSH", slot_free, batch_id),
             ("LTRIM", slot_free, 0, SLOT_TOKENS_KEPT - 1),
             ("EXPIRE", slot_free, max(1, int(lease_s))),
-        ]
+        )
+        return SlotRelease(inflight, commands)
 
     def wait_for_slot(self, timeout_s: float, lease_s: float) -> Capacity:
         """Blocks until a worker finishes a batch or ``timeout_s`` passes (at least 10 ms:

@@ -134,7 +134,7 @@ class BatchRun:
         if self.slot_reply is not None:
             return
         if device is not None and device.hand_over(
-            self.state.release_commands(self.batch_id, self.lease_s)
+            self.state.slot_release(self.batch_id, self.lease_s)
         ):
             self.slot_reply = nothing_to_read
         else:

@@ -13,10 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
+from redis.crc import key_slot
 
 from config.connection import send_now
 from config.keys import CONSUMER_GROUP
@@ -24,6 +26,7 @@ from config.schema import Request
 from config.settings import Settings
 from workers.models.base import Model
 from workers.protocol.batch_cap import BatchCap, is_out_of_memory
+from workers.protocol.capacity import SlotRelease
 from workers.protocol.entries import StreamEntry
 from workers.runtime.gpu import GpuTelemetry
 
@@ -60,7 +63,7 @@ class Device:
         self._busy_since: float | None = None
         self._waiting = 0
         self._counting = threading.Lock()
-        self._handed: list[tuple[Any, ...]] = []
+        self._handed: list[SlotRelease] = []
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -78,14 +81,15 @@ class Device:
         finally:
             self._lock.release()
 
-    def hand_over(self, commands: Sequence[tuple[Any, ...]]) -> bool:
+    def hand_over(self, release: SlotRelease) -> bool:
         """Called, holding the device, by a batch done with it. When another batch waits for
-        the device, ``commands`` (the finished batch's slot release) are sent by that
-        batch's claim once its read of late joiners returns: a batcher woken by the release
-        cannot take them from it first. False when none waits: the caller sends them."""
+        the device (of any model this process serves), the finished batch's slot
+        ``release`` is sent by that batch's claim once its read of late joiners returns: a
+        batcher woken by the release cannot take them from it first. False when none waits:
+        the caller sends it."""
         if self.waiting == 0:
             return False
-        self._handed.extend(commands)
+        self._handed.append(release)
         return True
 
     @property
@@ -117,25 +121,30 @@ class Device:
         size (late binding), in the same round trip, and returns them; what was handed over
         is sent once that read returns, not in its round trip (the batcher it wakes would
         delay the reply). With nothing to take, the claim is only sent, so the model starts
-        at once. The returned ``confirm`` reads the replies of what was only sent, to be
-        called once the device is released, whatever happened.
+        at once, with the releases of its own model. Each other release goes to its own
+        model's node. The returned ``confirm`` reads the replies of what was only sent, to
+        be called once the device is released, whatever happened.
         """
         handed, self._handed = self._handed, []
         try:
-            return self._claim(stream, runnables, fill_to, handed)
+            arrived, sent = self._claim(stream, runnables, fill_to, handed)
         except BaseException:
-            if handed:  # the finished batch's slot must not wait for its lease to expire
+            for release in handed:  # a finished batch's slot must not wait for its lease
                 with contextlib.suppress(redis.RedisError):
-                    send_now(self._client, stream, *handed)()
+                    send_now(self._client, release.key, *release.commands)()
             raise
+        if not sent:
+            return arrived, nothing_to_read
+        return arrived, sent[0] if len(sent) == 1 else partial(read_each, sent)
 
     def _claim(
         self,
         stream: str,
         runnables: Sequence[Runnable],
         fill_to: int,
-        handed: Sequence[tuple[Any, ...]],
-    ) -> tuple[list[StreamEntry], Callable[[], None]]:
+        handed: Sequence[SlotRelease],
+    ) -> tuple[list[StreamEntry], list[Callable[[], None]]]:
+        """The late joiners, and the replies still to read of what was only sent."""
         ids: list[Any] = [entry_id for entry_id, _ in runnables]
         room = fill_to - len(runnables)
         if room > 0:
@@ -144,13 +153,17 @@ class Device:
                 pipe.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, ids, justid=True)
             pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
             reply: Any = pipe.execute()[-1]
-            confirm = send_now(self._client, stream, *handed) if handed else nothing_to_read
-            return [entry for _, entries in reply or [] for entry in entries], confirm
-        claim = ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID")
-        commands = [claim, *handed] if ids else list(handed)
-        if not commands:
-            return [], nothing_to_read
-        return [], send_now(self._client, stream, *commands)
+            arrived = [entry for _, entries in reply or [] for entry in entries]
+            return arrived, [send_now(self._client, r.key, *r.commands) for r in handed]
+        # The claim carries the releases of its own hash slot; others go to their own node.
+        slot = key_slot(stream.encode())
+        along = [r for r in handed if key_slot(r.key.encode()) == slot]
+        commands = [command for release in along for command in release.commands]
+        if ids:
+            commands.insert(0, ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID"))
+        sent = [send_now(self._client, stream, *commands)] if commands else []
+        sent += [send_now(self._client, r.key, *r.commands) for r in handed if r not in along]
+        return [], sent
 
     def timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
         """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the
@@ -210,3 +223,16 @@ def isolate_failures(
 
 def nothing_to_read() -> None:
     """A confirmation with nothing to confirm (or a reply already read)."""
+
+
+def read_each(confirmations: Sequence[Callable[[], None]]) -> None:
+    """Calls every one of ``confirmations`` (each gives its connection back), even after one
+    raised; raises the first error once all are read."""
+    failed: list[redis.RedisError] = []
+    for confirm in confirmations:
+        try:
+            confirm()
+        except redis.RedisError as exc:
+            failed.append(exc)
+    if failed:
+        raise failed[0]
