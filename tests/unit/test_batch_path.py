@@ -400,9 +400,7 @@ def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_j
         fleet.batcher.step()
         running_task, waiting_task = (BatchTask(*sent["args"]) for sent in fleet.celery.sent)
         running = threading.Thread(target=fleet.runtime.run_batch, args=(running_task,))
-        running.start()
-        GatedModel.on_device.wait()
-        late = fleet.producer.submit_many("synthetic", ["a", "b"])
+        waiting = threading.Thread(target=fleet.runtime.run_batch, args=(waiting_task,))
         device = fleet.runtime.device
         claim = device.claim
 
@@ -411,13 +409,18 @@ def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_j
             slot_released_at_claim.append(inflight is None)
             return claim(*args, **kwargs)
 
-        monkeypatch.setattr(device, "claim", noting_claim)
-        waiting = threading.Thread(target=fleet.runtime.run_batch, args=(waiting_task,))
-        waiting.start()
-        wait_until(lambda: device.waiting == 1)
-        GatedModel.release.set()
-        running.join()
-        waiting.join()
+        running.start()
+        try:
+            assert GatedModel.on_device.wait(timeout=30), "the first batch never ran"
+            late = fleet.producer.submit_many("synthetic", ["a", "b"])
+            monkeypatch.setattr(device, "claim", noting_claim)
+            waiting.start()
+            wait_until(lambda: device.waiting == 1)
+        finally:
+            GatedModel.release.set()
+            running.join()
+            if waiting.ident is not None:
+                waiting.join()
     assert slot_released_at_claim == [False]
     rode = [stored_result(fake_redis, rid) for rid in [waiting_first, *late]]
     assert {(result.batch_id, result.batch_size) for result in rode} == {(waiting_task.batch_id, 3)}
