@@ -57,6 +57,11 @@ class SlotRelease(NamedTuple):
     key: str
     commands: tuple[tuple[Any, ...], ...]
 
+    def send(self, client: redis.Redis) -> Callable[[], None]:
+        """Sent at once to ``key``'s node; the returned function reads the replies
+        (``send_now``)."""
+        return send_now(client, self.key, *self.commands)
+
 
 def worker_member(hostname: str, slots: int) -> str:
     """A worker's member in the workers zset: its name and how many batches it runs at once."""
@@ -112,8 +117,7 @@ class FleetState:
     def batch_done(self, batch_id: str, lease_s: float) -> Callable[[], None]:
         """Clears the batch from in-flight and wakes a batcher waiting for a free slot: sent
         at once; the returned function reads Redis's replies (``send_now``)."""
-        release = self.slot_release(batch_id, lease_s)
-        return send_now(self._client, release.key, *release.commands)
+        return self.slot_release(batch_id, lease_s).send(self._client)
 
     def slot_release(self, batch_id: str, lease_s: float) -> SlotRelease:
         """What ``batch_done`` sends, for a caller that sends it itself: idempotent but for

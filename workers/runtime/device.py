@@ -131,11 +131,9 @@ class Device:
         except BaseException:
             for release in handed:  # a finished batch's slot must not wait for its lease
                 with contextlib.suppress(redis.RedisError):
-                    send_now(self._client, release.key, *release.commands)()
+                    release.send(self._client)()
             raise
-        if not sent:
-            return arrived, nothing_to_read
-        return arrived, sent[0] if len(sent) == 1 else partial(read_each, sent)
+        return arrived, partial(read_each, sent) if sent else nothing_to_read
 
     def _claim(
         self,
@@ -154,15 +152,19 @@ class Device:
             pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
             reply: Any = pipe.execute()[-1]
             arrived = [entry for _, entries in reply or [] for entry in entries]
-            return arrived, [send_now(self._client, r.key, *r.commands) for r in handed]
-        # The claim carries the releases of its own hash slot; others go to their own node.
-        slot = key_slot(stream.encode())
-        along = [r for r in handed if key_slot(r.key.encode()) == slot]
-        commands = [command for release in along for command in release.commands]
+            return arrived, [release.send(self._client) for release in handed]
+        commands: list[tuple[Any, ...]] = []
         if ids:
-            commands.insert(0, ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID"))
+            commands.append(("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID"))
+        apart = []
+        slot = key_slot(stream.encode()) if handed else None
+        for release in handed:  # the claim carries those of its own hash slot
+            if key_slot(release.key.encode()) == slot:
+                commands.extend(release.commands)
+            else:
+                apart.append(release)
         sent = [send_now(self._client, stream, *commands)] if commands else []
-        sent += [send_now(self._client, r.key, *r.commands) for r in handed if r not in along]
+        sent += [release.send(self._client) for release in apart]
         return [], sent
 
     def timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
