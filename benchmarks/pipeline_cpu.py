@@ -14,7 +14,9 @@ time (user + system) each process used meanwhile from ``/proc`` (this process's 
 producer). It prints µs per request and ms per batch by process, then the Redis commands
 each batch cost (``INFO commandstats``: a script's own commands count too, under their
 names), each process's context switches a batch (``/proc/PID/task/*/status``) and the
-worker's CPU a batch in its main thread (Celery's loop) and in the others. The
+worker's CPU a batch in its main thread (Celery's loop) and in the others. With two batch
+sizes or more it reads each process's CPU as a cost a batch plus a cost a request (the line
+through the per-request costs against one over the mean batch size, least squares). The
 synthetic model sleeps, so its model time costs no CPU: what is left is the pipeline's.
 """
 
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import os
 import resource
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -209,12 +212,14 @@ def main() -> None:
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
     print(f"{'':>26}  {header}  {header}")
     commands, switched, loops = [], [], []
+    fit_points: list[tuple[float, list[float]]] = []  # (1 / mean batch, µs a request by role)
     for size in args.batch_sizes:
         used, calls, switches = measure(args, size)
         batches = max(1, int(used["batches"]))
         per_request = [used[role] / args.requests * 1e6 for role in roles]
         per_batch = [used[role] / batches * 1e3 for role in roles]
         rate = args.requests / used["elapsed_s"]
+        fit_points.append((batches / args.requests, [*per_request, sum(per_request)]))
         print(
             f"{size:>9} {batches:>8} {rate:>7.0f}  "
             + " ".join(f"{value:>8.0f}" for value in (*per_request, sum(per_request)))
@@ -239,6 +244,22 @@ def main() -> None:
     print("\n".join(switched))
     print("The worker's CPU per batch by thread, ms")
     print("\n".join(loops))
+    if len({inverse for inverse, _ in fit_points}) >= 2:
+        print(fixed_and_marginal(fit_points, (*roles, "total")))
+
+
+def fixed_and_marginal(points: list[tuple[float, list[float]]], roles: tuple[str, ...]) -> str:
+    """Each role's CPU read as a cost a batch (ms) plus a cost a request (µs): the least-squares
+    line through its µs a request against one over the mean batch size, whose slope is the
+    cost a batch and whose intercept the cost a request."""
+    inverses = [inverse for inverse, _ in points]
+    parts = []
+    for index, role in enumerate(roles):
+        slope, intercept = statistics.linear_regression(
+            inverses, [costs[index] for _, costs in points]
+        )
+        parts.append(f"{role} {slope / 1000:.2f} ms + {intercept:.0f} µs")
+    return "A batch's cost + a request's, least squares over the batch sizes: " + ", ".join(parts)
 
 
 if __name__ == "__main__":
