@@ -21,7 +21,7 @@ measure() {  # side folder command...
   local side=$1 folder=$2
   shift 2
   echo "=== $side: $*"
-  (cd "$folder" && PYTHONPATH=$folder "$python" "$@" 2>&1 | grep -E "^ +(32|256)[ :]|batched|^run ")
+  (cd "$folder" && PYTHONPATH=$folder "$python" "$@" 2>&1 | grep -E "^ +(32|256)[ :]|batched|^run |^A batch's cost")
 }
 
 fast=(--requests 20000 --base-ms 2 --per-item-ms 0.02)
