@@ -21,7 +21,7 @@ import time
 import redis
 
 from config.keys import Keys
-from config.schema import STREAM_FIELD, Request, encode_result, output_json
+from config.schema import STREAM_FIELD, Request, ResultEncoder, output_json
 from config.settings import ModelPolicy, Settings, load_settings
 from producer.async_client import AsyncProducer
 from producer.client import Producer
@@ -119,7 +119,8 @@ def answer(encoded_request: bytes) -> str:
     """A result for the request ``encoded_request``, written as a worker writes it."""
     request = Request.decode(encoded_request)
     output = output_json({"echo": request.input})
-    return encode_result(request, output, "stand-in", "b-1", 32, "size", 0.0, "w0", time.time())
+    results = ResultEncoder(MODEL, "stand-in", "b-1", 32, 0.0, "w0", time.time())
+    return results.encode(request, output, "size")
 
 
 if __name__ == "__main__":

@@ -223,29 +223,45 @@ class Result(BaseModel):
             raise WireFormatError(f"malformed result: {exc}", raw=raw) from exc
 
 
-def encode_result(
-    request: Request,
-    encoded_output: str,
-    model_version: str,
-    batch_id: str,
-    batch_size: int,
-    flush_reason: str | None,
-    model_s: float,
-    worker: str,
-    finished_at: float,
-) -> str:
-    """The wire form of a :class:`Result` carrying a computed output (``encoded_output``, as
-    ``output_json`` encodes it) from its parts, without building the model: the worker's hot
-    path. A unit test pins it to ``Result.decode``."""
-    reason = "null" if flush_reason is None else _json_string(flush_reason)
-    return (
-        f'{{"schema_version":1,"request_id":{_json_string(request.request_id)},'
-        f'"model":{_json_string(request.model)},"model_version":{_json_string(model_version)},'
-        f'"output":{encoded_output},"error":null,"batch_id":{_json_string(batch_id)},'
-        f'"batch_size":{batch_size},"flush_reason":{reason},'
-        f'"model_s":{model_s!r},"worker":{_json_string(worker)},"cached":false,'
-        f'"submitted_at":{request.submitted_at!r},"finished_at":{finished_at!r}}}'
-    )
+class ResultEncoder:
+    """The wire forms of the results (:class:`Result`) one model call computed, built from
+    their parts without building the models: the worker's hot path. What the call's results
+    share (model, version, batch, model time, worker, finish time) is encoded once; each
+    result adds its request's id and submit time, its output and its flush reason. A unit
+    test pins it to ``Result.decode``."""
+
+    def __init__(
+        self,
+        model: str,
+        model_version: str,
+        batch_id: str,
+        batch_size: int,
+        model_s: float,
+        worker: str,
+        finished_at: float,
+    ) -> None:
+        self._before_output = (
+            f',"model":{_json_string(model)},"model_version":{_json_string(model_version)},'
+            '"output":'
+        )
+        self._before_reason = (
+            f',"error":null,"batch_id":{_json_string(batch_id)},"batch_size":{batch_size},'
+            '"flush_reason":'
+        )
+        self._before_submitted = (
+            f',"model_s":{model_s!r},"worker":{_json_string(worker)},"cached":false,"submitted_at":'
+        )
+        self._end = f',"finished_at":{finished_at!r}}}'
+
+    def encode(self, request: Request, encoded_output: str, flush_reason: str | None) -> str:
+        """The result of ``request`` carrying ``encoded_output`` (as ``output_json``
+        encodes it); ``request`` is of the encoder's model."""
+        reason = "null" if flush_reason is None else _json_string(flush_reason)
+        return (
+            f'{{"schema_version":1,"request_id":{_json_string(request.request_id)}'
+            f"{self._before_output}{encoded_output}{self._before_reason}{reason}"
+            f"{self._before_submitted}{request.submitted_at!r}{self._end}"
+        )
 
 
 def cache_entry(model_version: str, output_json: str) -> str:

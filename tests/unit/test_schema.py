@@ -9,10 +9,10 @@ from config.schema import (
     ErrorInfo,
     Request,
     Result,
+    ResultEncoder,
     cache_entry,
     canonical_json,
     encode_request,
-    encode_result,
     input_digest,
     output_json,
 )
@@ -149,17 +149,16 @@ def test_fast_result_encoding_decodes_to_the_same_result() -> None:
     """The worker's hand-built wire form is exactly a Result, strings and floats intact."""
     request = make_request(request_id='id "quoted" é', model="model/1", submitted_at=1796045473.25)
     output = {"z": [0.1, 1e-07], "a": "é \u2028"}
-    wire = encode_result(
-        request,
-        output_json(output),
+    results = ResultEncoder(
+        "model/1",
         model_version='v"2',
         batch_id="b-1",
         batch_size=32,
-        flush_reason=None,
         model_s=0.00264,
         worker="w0@host",
         finished_at=1796045473.987654,
     )
+    wire = results.encode(request, output_json(output), flush_reason=None)
     result = Result.decode(wire)
     assert result == Result(
         request_id='id "quoted" é',
@@ -174,6 +173,17 @@ def test_fast_result_encoding_decodes_to_the_same_result() -> None:
         finished_at=1796045473.987654,
     )
     assert json.loads(wire) == json.loads(result.encode())
+    # A second result of the same call: its own id, submit time, output and flush reason.
+    other = make_request(request_id="id-2", model="model/1", submitted_at=1796045470.5)
+    late = Result.decode(results.encode(other, output_json([1, "x"]), flush_reason="late"))
+    assert late == result.model_copy(
+        update={
+            "request_id": "id-2",
+            "output": [1, "x"],
+            "flush_reason": "late",
+            "submitted_at": 1796045470.5,
+        }
+    )
 
 
 def test_a_cache_entry_tags_its_output_with_the_versions_byte_length_and_the_version() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from config import stats_fields
 from config.errors import InvalidInput
-from config.schema import ErrorCode, encode_result, output_json
+from config.schema import ErrorCode, ResultEncoder, output_json
 from workers.models.base import ItemError
 from workers.protocol.results import Answer, error_answer, latency_sample
 from workers.runtime.batch_run import BatchRun
@@ -23,10 +23,18 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
     """One final answer per request of the model runs: its output, or an error for the
     inputs that failed alone (the model's ``ItemError`` code, else ``model_error``) and the
     outputs that cannot travel as JSON. An output's result is encoded from its parts
-    (``encode_result``), once."""
+    (``ResultEncoder``), once."""
     answers = []
     for run in runs:
-        batch_size = len(run.runnables)
+        results = ResultEncoder(
+            batch.model,
+            version,
+            batch.batch_id,
+            len(run.runnables),
+            run.model_s,
+            worker,
+            run.finished_at,
+        )
         for (entry_id, request), output in zip(run.runnables, run.outputs, strict=True):
             encoded = _encoded_output(output, run.error)
             if isinstance(encoded, tuple):
@@ -36,27 +44,17 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
                 )
                 answers.append(error_answer(request, entry_id, code, message, batch.ttl_s))
                 continue
-            payload = encode_result(
-                request,
-                encoded,
-                model_version=version,
-                batch_id=batch.batch_id,
-                batch_size=batch_size,
-                flush_reason=batch.flush_reason_of(entry_id),
-                model_s=run.model_s,
-                worker=worker,
-                finished_at=run.finished_at,
-            )
+            # Positional, in the fields' order: half the time of naming them, per request.
             answers.append(
                 Answer(
-                    entry_id=entry_id,
-                    request_id=request.request_id,
-                    payload=payload,
-                    counted_as=stats_fields.COMPLETED,
-                    latency=latency_sample(run.finished_at, request.submitted_at),
-                    digest=request.digest,
-                    ttl_s=batch.ttl_s,
-                    cached=(version, encoded),
+                    entry_id,
+                    request.request_id,
+                    results.encode(request, encoded, batch.flush_reason_of(entry_id)),
+                    stats_fields.COMPLETED,
+                    latency_sample(run.finished_at, request.submitted_at),
+                    request.digest,
+                    batch.ttl_s,
+                    (version, encoded),
                 )
             )
     return answers
