@@ -1,6 +1,6 @@
-"""The batch task message the dispatch script pushes is the one Celery's ``send_task`` writes:
-a Celery or kombu upgrade that changes the format fails here, not in a fleet whose workers
-would then drop or misread every batch."""
+"""The batch task message the dispatch script pushes is the one Celery's ``send_task`` writes,
+its body as JSON text instead of base64: a Celery or kombu upgrade that changes the format
+fails here, not in a fleet whose workers would then drop or misread every batch."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def test_the_dispatched_message_is_the_one_send_task_writes(
     fleet_env: FleetEnv, redis_client: redis.Redis
 ) -> None:
     """Same body, headers and properties as Celery's own message for the batch on a Redis
-    broker, but for the ids and the reply queue (results the batch task never returns)."""
+    broker, but for the ids, the reply queue (results the batch task never returns) and the
+    body's encoding (none: the body is the JSON itself)."""
     settings = settings_for(fleet_env)
     queue = Keys(settings.key_prefix).celery_queue("synthetic")
     task = BatchTask("synthetic", "b1", [("1-0", '{"request_id": "r1"}')], "size")
@@ -47,7 +48,7 @@ def test_the_dispatched_message_is_the_one_send_task_writes(
     ours = json.loads(batch_message(task, queue))
 
     assert ours.keys() == sent.keys()
-    assert json.loads(base64.b64decode(ours["body"])) == json.loads(base64.b64decode(sent["body"]))
+    assert json.loads(ours["body"]) == json.loads(base64.b64decode(sent["body"]))
     assert without(ours, ("body", "headers", "properties")) == without(
         sent, ("body", "headers", "properties")
     )
@@ -55,7 +56,7 @@ def test_the_dispatched_message_is_the_one_send_task_writes(
         sent["headers"], PER_MESSAGE_HEADERS
     )
     assert without(ours["properties"], PER_MESSAGE_PROPERTIES) == without(
-        sent["properties"], (*PER_MESSAGE_PROPERTIES, "reply_to")
+        sent["properties"], (*PER_MESSAGE_PROPERTIES, "reply_to", "body_encoding")
     )
     headers, properties = ours["headers"], ours["properties"]
     assert headers["id"] == headers["root_id"] == properties["correlation_id"]
