@@ -5,8 +5,8 @@ The message is what ``Celery.send_task`` puts there: Celery's task message proto
 (headers, and a JSON body of args, kwargs and embed) in kombu's Redis transport envelope
 (delivery info naming the anonymous exchange and the queue), but for its body, which lies
 there as JSON text instead of base64: kombu decodes a body by its ``body_encoding`` property
-and takes one without it as it is, and base64 cost the batcher and the worker ~1.5 µs a
-request each to encode and decode (``benchmarks/README.md``). ``send_task`` builds the message
+and takes one without it as it is, and base64 cost the batcher ~0.7 µs a request to encode
+and the worker ~0.3 to decode (``benchmarks/README.md``). ``send_task`` builds the message
 through Celery's router, kombu's producer, its declare cache and its retry wrapper, a third of
 a batcher's CPU at a fast model's batch rate (py-spy, ``benchmarks/README.md``).
 
