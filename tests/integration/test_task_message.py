@@ -13,7 +13,7 @@ import redis
 from config.batch_task import RUN_BATCH_TASK, BatchTask
 from config.keys import Keys
 from workers.protocol.celery_app import make_celery_app
-from workers.protocol.task_message import batch_message
+from workers.protocol.task_message import EMBED, batch_message
 
 from .conftest import FleetEnv, settings_for
 
@@ -61,3 +61,17 @@ def test_the_dispatched_message_is_the_one_send_task_writes(
     headers, properties = ours["headers"], ours["properties"]
     assert headers["id"] == headers["root_id"] == properties["correlation_id"]
     assert properties["delivery_tag"] != headers["id"]
+
+
+def test_a_worker_reads_the_dispatched_body_as_it_is(fleet_env: FleetEnv) -> None:
+    """kombu's Redis transport, as a worker's consumer builds the message it pops, decodes our
+    body (no ``body_encoding``) to the task's arguments: a kombu that required base64 would
+    misread every batch, and fails here."""
+    settings = settings_for(fleet_env)
+    queue = Keys(settings.key_prefix).celery_queue("synthetic")
+    task = BatchTask("synthetic", "b1", [("1-0", '{"request_id": "r1"}')], "size")
+    app = make_celery_app(settings)
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        message = channel.Message(json.loads(batch_message(task, queue)), channel=channel)
+        assert message.decode() == [task.args(), {}, EMBED]
