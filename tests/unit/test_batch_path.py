@@ -26,6 +26,7 @@ from workers.batcher.model_batcher import ModelBatcher
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
+from workers.runtime import device as device_module
 from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
@@ -430,12 +431,48 @@ def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_j
     }
 
 
+def test_a_batch_done_with_the_device_goes_on_once_the_waiting_batch_has_claimed_it(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Letting the device go while another batch waits for it returns once that batch has
+    claimed the device: what the finished batch does next (its answers) never stands between
+    the device and its next model call."""
+    monkeypatch.setattr(device_module, "HAND_OVER_WAIT_S", 60.0)  # only the claim ends it
+    device = runtime.device
+    events: list[str] = []
+    finished_holds, next_holds, may_claim = threading.Event(), threading.Event(), threading.Event()
+
+    def finish() -> None:
+        with device.held():
+            finished_holds.set()
+            wait_until(lambda: device.waiting == 1)
+        events.append("finished batch goes on")
+
+    def take_next() -> None:
+        with device.held():
+            next_holds.set()
+            may_claim.wait()
+            events.append("next batch claims")
+            device.claim(STREAM, [])
+
+    finished, following = threading.Thread(target=finish), threading.Thread(target=take_next)
+    finished.start()
+    assert finished_holds.wait(timeout=30)
+    following.start()
+    assert next_holds.wait(timeout=30)
+    may_claim.set()
+    finished.join()
+    following.join()
+    assert events == ["next batch claims", "finished batch goes on"]
+
+
 def test_a_slot_release_handed_to_a_failing_claim_is_still_sent(
-    runtime: WorkerRuntime, fake_redis: fakeredis.FakeRedis
+    runtime: WorkerRuntime, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A finished batch hands its slot release to the batch waiting for the device; when that
     batch's claim fails, the release is sent anyway: the slot is not lost until its lease
-    runs out."""
+    runs out. The finished batch, which waits for that claim, goes on."""
+    monkeypatch.setattr(device_module, "HAND_OVER_WAIT_S", 60.0)  # only the claim ends it
     state = FleetState(fake_redis, KEYS, "synthetic")
     state.dispatched("finished", "slot", lease_s=30)
     no_group = KEYS.stream("other")

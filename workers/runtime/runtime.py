@@ -202,7 +202,6 @@ class WorkerRuntime:
         elif runnable or tops_up:
             fill_to = self.batch_cap(batch.model).current() if tops_up else 0
             runs = self._run_on_device(batch, runnable, fill_to, free_slot=True)
-        time.sleep(0)  # yield the GIL: the next batch's thread takes the device now
         batch.finish(answers_of(batch, runs, version, self.hostname))
         self._observe(batch.model, runs)
         return len(runnable) + len(batch.late)
