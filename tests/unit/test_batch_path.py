@@ -26,7 +26,6 @@ from workers.batcher.model_batcher import ModelBatcher
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
-from workers.runtime import device as device_module
 from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
@@ -431,48 +430,35 @@ def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_j
     }
 
 
-def test_a_batch_done_with_the_device_goes_on_once_the_waiting_batch_has_claimed_it(
-    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+def test_a_batch_done_with_the_device_goes_on_when_the_next_one_never_claims_it(
+    runtime: WorkerRuntime,
 ) -> None:
-    """Letting the device go while another batch waits for it returns once that batch has
-    claimed the device: what the finished batch does next (its answers) never stands between
-    the device and its next model call."""
-    monkeypatch.setattr(device_module, "HAND_OVER_WAIT_S", 60.0)  # only the claim ends it
+    """A batch done with the device leaves the interpreter to the full batch it hands the
+    device to until that batch's claim is sent; one that never claims (its thread failed
+    first) holds up the finished batch's answers for a bounded wait, never for good."""
     device = runtime.device
-    events: list[str] = []
-    finished_holds, next_holds, may_claim = threading.Event(), threading.Event(), threading.Event()
+    next_holds, next_may_go = threading.Event(), threading.Event()
 
-    def finish() -> None:
-        with device.held():
-            finished_holds.set()
-            wait_until(lambda: device.waiting == 1)
-        events.append("finished batch goes on")
-
-    def take_next() -> None:
+    def take_without_claiming() -> None:
         with device.held():
             next_holds.set()
-            may_claim.wait()
-            events.append("next batch claims")
-            device.claim(STREAM, [])
+            next_may_go.wait()
 
-    finished, following = threading.Thread(target=finish), threading.Thread(target=take_next)
-    finished.start()
-    assert finished_holds.wait(timeout=30)
-    following.start()
-    assert next_holds.wait(timeout=30)
-    may_claim.set()
-    finished.join()
+    following = threading.Thread(target=take_without_claiming)
+    with device.held():
+        following.start()
+        wait_until(lambda: device.waiting == 1)
+    assert next_holds.wait(timeout=30)  # handed over, and this thread went on
+    next_may_go.set()
     following.join()
-    assert events == ["next batch claims", "finished batch goes on"]
 
 
 def test_a_slot_release_handed_to_a_failing_claim_is_still_sent(
-    runtime: WorkerRuntime, fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+    runtime: WorkerRuntime, fake_redis: fakeredis.FakeRedis
 ) -> None:
     """A finished batch hands its slot release to the batch waiting for the device; when that
     batch's claim fails, the release is sent anyway: the slot is not lost until its lease
-    runs out. The finished batch, which waits for that claim, goes on."""
-    monkeypatch.setattr(device_module, "HAND_OVER_WAIT_S", 60.0)  # only the claim ends it
+    runs out."""
     state = FleetState(fake_redis, KEYS, "synthetic")
     state.dispatched("finished", "slot", lease_s=30)
     no_group = KEYS.stream("other")

@@ -5,12 +5,14 @@ so the next batch is ready the moment the device frees. While a model call runs,
 belong to this process's device consumer in the stream, so a process that dies in that call is
 found holding exactly what was on its device.
 
-A batch done with the device, while another waits for it, goes on only once that batch has
-claimed it (``HAND_OVER_WAIT_S`` at most): one interpreter runs every slot, and the finished
-batch's answers, built meanwhile, would take the interpreter from the claim each time its
-socket call let it go, for up to the switch interval, while the device idles
-(``benchmarks/README.md``: from one model call's end to the next one's start, 0.46 to 0.48 ms
-p50 before, 0.19 after, at the fast model's saturation).
+A batch done with the device, when the batch waiting for it only sends its claim (it is full)
+and starts its model at once, stays out of the interpreter until that claim is sent: it sleeps
+``HAND_OVER_YIELD_S``, then looks every ``HAND_OVER_POLL_S``, ``HAND_OVER_WAIT_S`` at most.
+One interpreter runs every slot, and the finished batch's answers, built at once, took it from
+that claim each time the claim's socket calls let it go, while the device idled. A claim that
+reads late joiners waits for Redis's reply, which leaves the interpreter to the answers
+meanwhile. The claim does not wake the finished batch: woken so, its thread took the claiming
+thread's core for ~0.2 ms on a 2-core host (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ from workers.runtime.gpu import GpuTelemetry
 Runnable = tuple[str, Request]
 """A request to run: its stream entry id and the request."""
 
-# How long a batch done with the device waits, at most, for the next batch's claim of it (see
-# the module's docstring), that claim's read of late joiners included.
+# How a batch done with the device waits for a full batch's claim of it (see the module's
+# docstring): a first sleep, about what the claim takes to be sent, then a look every poll,
+# for the wait at most.
+HAND_OVER_YIELD_S = 0.0002
+HAND_OVER_POLL_S = 0.0001
 HAND_OVER_WAIT_S = 0.002
 
 
@@ -73,35 +78,49 @@ class Device:
         self._gpu = gpu
         self._busy_since: float | None = None
         self._waiting = 0
+        self._waiting_to_send = 0  # of those, the threads whose claims are only sent
+        self._claimed = True  # whether the holder has claimed the device since it was handed
         self._counting = threading.Lock()
         self._handed: list[SlotRelease] = []
         self._depth = 0  # the holder's nested holds
-        self._claimed = threading.Event()
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, reads_late_joiners: bool = False) -> Iterator[None]:
         """Holds the device lock; the thread counts as waiting for the device until it has
-        it (see ``hand_over``). Whoever takes the device claims before anything else; when
-        another thread waits for it, letting it go returns once that thread has claimed
-        (``HAND_OVER_WAIT_S`` at most)."""
+        it (see ``hand_over``). Whoever takes the device claims before anything else: with
+        ``reads_late_joiners``, a claim that waits for Redis's reply (``claim``'s
+        ``fill_to``), otherwise one only sent. Letting the device go while a thread whose
+        claim is only sent waits for it returns once the next holder has claimed it (see the
+        module's docstring)."""
         with self._counting:
             self._waiting += 1
+            self._waiting_to_send += not reads_late_joiners
         try:
             self._lock.acquire()
         finally:
             with self._counting:
                 self._waiting -= 1
+                self._waiting_to_send -= not reads_late_joiners
         self._depth += 1
         try:
             yield
         finally:
             self._depth -= 1
-            handing_over = self._depth == 0 and self.waiting > 0
+            with self._counting:
+                handing_over = self._depth == 0 and self._waiting_to_send > 0
             if handing_over:
-                self._claimed.clear()
+                self._claimed = False
             self._lock.release()
             if handing_over:
-                self._claimed.wait(HAND_OVER_WAIT_S)
+                self._await_claim()
+
+    def _await_claim(self) -> None:
+        """Sleeps until the next holder has claimed the device, ``HAND_OVER_WAIT_S`` at most
+        (see the module's docstring)."""
+        deadline = time.monotonic() + HAND_OVER_WAIT_S
+        time.sleep(HAND_OVER_YIELD_S)
+        while not self._claimed and time.monotonic() < deadline:
+            time.sleep(HAND_OVER_POLL_S)
 
     def hand_over(self, release: SlotRelease) -> bool:
         """Called, holding the device, by a batch done with it. When another batch waits for
@@ -146,7 +165,7 @@ class Device:
         at once, with the releases of its own model. Each other release goes to its own
         model's node. The returned ``confirm`` reads the replies of what was only sent, to
         be called once the device is released, whatever happened. Returning, or failing, it
-        lets the batch that left the device go on.
+        lets the batch that handed the device over go on.
         """
         handed, self._handed = self._handed, []
         try:
@@ -157,7 +176,7 @@ class Device:
                     release.send(self._client)()
             raise
         finally:
-            self._claimed.set()
+            self._claimed = True
         return arrived, partial(read_each, sent) if sent else nothing_to_read
 
     def _claim(

@@ -216,7 +216,7 @@ class WorkerRuntime:
         predict = self.device.timed(self.model(batch.model), self.batch_cap(batch.model))
         confirm = None
         try:
-            with self.device.held():
+            with self.device.held(reads_late_joiners=fill_to > len(runnable)):
                 arrived, confirm = self.device.claim(
                     self.keys.stream(batch.model), runnable, fill_to
                 )
