@@ -50,6 +50,12 @@ HAND_OVER_POLL_S = 0.0001
 HAND_OVER_WAIT_S = 0.002
 
 
+def reads_late_joiners(runnables: Sequence[Runnable], fill_to: int) -> bool:
+    """Whether a claim of ``runnables`` topped up to ``fill_to`` reads late joiners, and so
+    waits for Redis's reply (``Device.claim``); otherwise it is only sent."""
+    return fill_to > len(runnables)
+
+
 class GpuMemoryLow(Exception):
     """The GPU had too little memory free to start a batch: it runs in halves."""
 
@@ -88,8 +94,8 @@ class Device:
     def held(self, reads_late_joiners: bool = False) -> Iterator[None]:
         """Holds the device lock; the thread counts as waiting for the device until it has
         it (see ``hand_over``). Whoever takes the device claims before anything else: with
-        ``reads_late_joiners``, a claim that waits for Redis's reply (``claim``'s
-        ``fill_to``), otherwise one only sent. Letting the device go while a thread whose
+        ``reads_late_joiners``, a claim that waits for Redis's reply (the function of that
+        name), otherwise one only sent. Letting the device go while a thread whose
         claim is only sent waits for it returns once the next holder has claimed it (see the
         module's docstring)."""
         with self._counting:
@@ -188,8 +194,8 @@ class Device:
     ) -> tuple[list[StreamEntry], list[Callable[[], None]]]:
         """The late joiners, and the replies still to read of what was only sent."""
         ids: list[Any] = [entry_id for entry_id, _ in runnables]
-        room = fill_to - len(runnables)
-        if room > 0:
+        if reads_late_joiners(runnables, fill_to):
+            room = fill_to - len(runnables)
             pipe = self._client.pipeline(transaction=False)
             if ids:
                 pipe.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, ids, justid=True)

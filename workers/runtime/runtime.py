@@ -28,7 +28,13 @@ from workers.protocol.results import ResultWriter
 from workers.runtime.alerts import WorkerAlerts
 from workers.runtime.answers import answers_of
 from workers.runtime.batch_run import BatchRun
-from workers.runtime.device import Device, ModelRun, Runnable, isolate_failures
+from workers.runtime.device import (
+    Device,
+    ModelRun,
+    Runnable,
+    isolate_failures,
+    reads_late_joiners,
+)
 from workers.runtime.gpu import GpuTelemetry
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.metrics import WorkerMetrics
@@ -216,7 +222,7 @@ class WorkerRuntime:
         predict = self.device.timed(self.model(batch.model), self.batch_cap(batch.model))
         confirm = None
         try:
-            with self.device.held(reads_late_joiners=fill_to > len(runnable)):
+            with self.device.held(reads_late_joiners(runnable, fill_to)):
                 arrived, confirm = self.device.claim(
                     self.keys.stream(batch.model), runnable, fill_to
                 )
