@@ -46,15 +46,22 @@ def test_a_reader_the_loop_has_is_not_registered_again(
 ) -> None:
     """The same socket and callback on every turn: the poller is asked once; another
     callback for it replaces the first."""
+
+    def on_readable(_: int) -> None:
+        """The transport's reader (never called here: the loop does not turn)."""
+
+    def another_reader(_: int) -> None:
+        """A new connection's reader on the same descriptor."""
+
     fd = sockets[0].fileno()
     asked = poller_registrations(hub)
     loop = ReadersAddedOnce(hub)
     for _ in range(3):
-        loop.add_reader(fd, print, fd)
+        loop.add_reader(fd, on_readable, fd)
     assert asked == [fd]
-    loop.add_reader(fd, repr, fd)
+    loop.add_reader(fd, another_reader, fd)
     assert asked == [fd, fd]
-    assert hub.readers[fd] == (repr, (fd,))
+    assert hub.readers[fd] == (another_reader, (fd,))
 
 
 def test_a_reader_the_loop_dropped_is_added_again_and_reads(
