@@ -26,6 +26,7 @@ from workers.batcher.model_batcher import ModelBatcher
 from workers.models.base import ItemError
 from workers.models.synthetic import SyntheticModel, expected_output
 from workers.protocol.capacity import FleetState, NodeBeat, node_heartbeat, worker_member
+from workers.runtime import device as device_module
 from workers.runtime.runtime import WorkerRuntime
 
 KEYS = Keys("bf")
@@ -428,6 +429,84 @@ def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_j
         running_task.batch_id.encode(),
         waiting_task.batch_id.encode(),
     }
+
+
+@pytest.mark.parametrize(
+    ("read_ahead", "riders"),
+    [
+        # The read ahead is fresh when the device frees: the claim reads nothing more.
+        ("fresh", ["next", "a"]),
+        # It grew stale (the call ran long): the claim tops the batch up to its size.
+        ("stale", ["next", "a", "c", "d"]),
+        # It failed: the claim reads the late joiners, as without one.
+        ("failed", ["next", "a", "c", "d"]),
+    ],
+)
+def test_a_waiting_batch_reads_late_joiners_ahead_of_the_device_freeing(
+    fake_redis: fakeredis.FakeRedis,
+    monkeypatch: pytest.MonkeyPatch,
+    read_ahead: str,
+    riders: list[str],
+) -> None:
+    """A batch waiting for the device, when the running call nears its expected end (here
+    at once: a call of that size measured ~0 s), reads the requests that reached the stream
+    meanwhile, so that its model starts without a read when the device frees. Requests that
+    arrive after that read ride in it only when the read has grown stale by then; none is
+    lost either way."""
+    GatedModel.on_device.clear()
+    GatedModel.release.clear()
+    monkeypatch.setattr(
+        device_module, "READ_AHEAD_FRESH_S", -1.0 if read_ahead == "stale" else 3600
+    )
+    with fleet_of_backend(fake_redis, f"{__name__}:GatedModel") as fleet:
+        add_worker(fake_redis, slots=2)
+        runtime = fleet.runtime
+        fleet.producer.submit("synthetic", "measured")
+        fleet.batcher.step()
+        fleet.batcher.step()
+        runtime.run_batch(BatchTask(*fleet.celery.sent[0]["args"]))
+        fleet.producer.submit("synthetic", "hold")
+        fleet.batcher.step()
+        fleet.batcher.step()
+        ids = {"next": fleet.producer.submit("synthetic", "next")}
+        fleet.batcher.step()
+        fleet.batcher.step()
+        running_task, waiting_task = (BatchTask(*sent["args"]) for sent in fleet.celery.sent[1:])
+        running = threading.Thread(target=runtime.run_batch, args=(running_task,))
+        waiting = threading.Thread(target=runtime.run_batch, args=(waiting_task,))
+        device = runtime.device
+        read = device.read_late_joiners
+        was_read = threading.Event()
+
+        def noting_read(*args: Any) -> Any:
+            try:
+                if read_ahead == "failed":
+                    raise redis.ConnectionError("Redis went away")
+                return read(*args)
+            finally:
+                was_read.set()
+
+        running.start()
+        try:
+            assert GatedModel.on_device.wait(timeout=30), "the first batch never ran"
+            ids["a"] = fleet.producer.submit("synthetic", "a")
+            monkeypatch.setattr(device, "read_late_joiners", noting_read)
+            waiting.start()
+            assert was_read.wait(timeout=30), "the waiting batch never read ahead"
+            after = ["c", "d"]
+            ids.update(zip(after, fleet.producer.submit_many("synthetic", after), strict=True))
+        finally:
+            GatedModel.release.set()
+            running.join()
+            if waiting.ident is not None:
+                waiting.join()
+    rode = {name: stored_result(fake_redis, ids[name]) for name in riders}
+    assert {(result.batch_id, result.batch_size) for result in rode.values()} == {
+        (waiting_task.batch_id, len(riders))
+    }
+    left = [name for name in ids if name not in riders]
+    assert not any(fake_redis.exists(KEYS.result("synthetic", ids[name])) for name in left)
+    assert fake_redis.xlen(STREAM) == len(left)
 
 
 def test_a_batch_done_with_the_device_goes_on_when_the_next_one_never_claims_it(

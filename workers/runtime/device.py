@@ -13,11 +13,19 @@ that claim each time the claim's socket calls let it go, while the device idled.
 reads late joiners waits for Redis's reply, which leaves the interpreter to the answers
 meanwhile. The claim does not wake the finished batch: woken so, its thread took the claiming
 thread's core for ~0.2 ms on a 2-core host (``benchmarks/README.md``).
+
+A batch with room for late joiners reads them ahead, ``READ_AHEAD_S`` before the running model
+call is expected to end (the mean of this process's calls of that model and size), so that
+when the device frees its claim is only sent and its model starts at once, instead of a round
+trip later. A read ahead that has grown stale by then (the call ran long) is topped up by a
+read in the claim, as without one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,11 +57,47 @@ HAND_OVER_YIELD_S = 0.0002
 HAND_OVER_POLL_S = 0.0001
 HAND_OVER_WAIT_S = 0.002
 
+# How long before the running model call's expected end a batch waiting for the device reads
+# its late joiners (a read's round trip under load, ~0.4 ms, and the call's own jitter: at
+# 0.5 ms the reply came back after the device had freed in most hand-overs), how old that read
+# may be when the device frees before the claim reads again, and how often a waiting batch
+# looks whether the call it waits on has started.
+READ_AHEAD_S = 0.0008
+READ_AHEAD_FRESH_S = 0.001
+CALL_START_POLL_S = 0.0005
+# The weight of a model call in the running mean of its model and size.
+CALL_TIME_WEIGHT = 0.2
+
+log = logging.getLogger(__name__)
+
 
 def reads_late_joiners(runnables: Sequence[Runnable], fill_to: int) -> bool:
     """Whether a claim of ``runnables`` topped up to ``fill_to`` reads late joiners, and so
     waits for Redis's reply (``Device.claim``); otherwise it is only sent."""
     return fill_to > len(runnables)
+
+
+class ReadAhead:
+    """The late joiners a batch waiting for the device read before it freed (``Device.held``),
+    sorted by ``read``; a failed read leaves them to the claim."""
+
+    def __init__(self, read: Callable[[], list[Runnable]]) -> None:
+        self._read = read
+        self.runnables: list[Runnable] = []
+        self._read_at: float | None = None
+
+    def __call__(self) -> None:
+        try:
+            self.runnables = self._read()
+        except redis.RedisError as exc:
+            log.warning("late joiners not read ahead: %s", exc)
+        else:
+            self._read_at = time.monotonic()
+
+    def fresh(self) -> bool:
+        """Whether late joiners were read ahead within ``READ_AHEAD_FRESH_S``."""
+        read_at = self._read_at
+        return read_at is not None and time.monotonic() - read_at <= READ_AHEAD_FRESH_S
 
 
 class GpuMemoryLow(Exception):
@@ -83,6 +127,8 @@ class Device:
         self._client = client
         self._gpu = gpu
         self._busy_since: float | None = None
+        self._busy_until: float | None = None  # the call's expected end; inf when unknown
+        self._call_s: dict[tuple[str, int], float] = {}  # mean call time by model and size
         self._waiting = 0
         self._waiting_to_send = 0  # of those, the threads whose claims are only sent
         self._claimed = True  # whether the holder has claimed the device since it was handed
@@ -91,18 +137,24 @@ class Device:
         self._depth = 0  # the holder's nested holds
 
     @contextlib.contextmanager
-    def held(self, reads_late_joiners: bool = False) -> Iterator[None]:
+    def held(
+        self, reads_late_joiners: bool = False, read_ahead: ReadAhead | None = None
+    ) -> Iterator[None]:
         """Holds the device lock; the thread counts as waiting for the device until it has
         it (see ``hand_over``). Whoever takes the device claims before anything else: with
         ``reads_late_joiners``, a claim that waits for Redis's reply (the function of that
-        name), otherwise one only sent. Letting the device go while a thread whose
-        claim is only sent waits for it returns once the next holder has claimed it (see the
-        module's docstring)."""
+        name), otherwise one only sent. With ``read_ahead``, a thread that waits calls it
+        ``READ_AHEAD_S`` before the running call is expected to end (see the module's
+        docstring). Letting the device go while a thread whose claim is only sent waits for
+        it returns once the next holder has claimed it (see the module's docstring)."""
         with self._counting:
             self._waiting += 1
             self._waiting_to_send += not reads_late_joiners
         try:
-            self._lock.acquire()
+            if read_ahead is None:
+                self._lock.acquire()
+            else:
+                self._acquire_reading_ahead(read_ahead)
         finally:
             with self._counting:
                 self._waiting -= 1
@@ -119,6 +171,29 @@ class Device:
             self._lock.release()
             if handing_over:
                 self._await_claim()
+
+    def _acquire_reading_ahead(self, read_ahead: ReadAhead) -> None:
+        """Takes the lock; should the running call come within ``READ_AHEAD_S`` of its
+        expected end first, calls ``read_ahead`` once, then waits on. A call whose end is not
+        expected (no call of its model and size measured yet) is waited out."""
+        while True:
+            until = self._busy_until
+            if until == math.inf:
+                self._lock.acquire()
+                return
+            wait = CALL_START_POLL_S if until is None else until - READ_AHEAD_S - time.monotonic()
+            if wait <= 0:
+                read_ahead()
+                self._lock.acquire()
+                return
+            if self._lock.acquire(timeout=wait):
+                return
+
+    def read_late_joiners(self, stream: str, consumer: str, count: int) -> list[StreamEntry]:
+        """Takes up to ``count`` requests no batcher has read yet for ``consumer`` (a read
+        ahead: the claim moves them to the device consumer)."""
+        reply: Any = self._client.xreadgroup(CONSUMER_GROUP, consumer, {stream: ">"}, count=count)
+        return [entry for _, entries in reply or [] for entry in entries]
 
     def _await_claim(self) -> None:
         """Sleeps until the next holder has claimed the device, ``HAND_OVER_WAIT_S`` at most
@@ -217,9 +292,11 @@ class Device:
         sent += [release.send(self._client) for release in apart]
         return [], sent
 
-    def timed(self, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
+    def timed(self, name: str, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
         """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the
-        watchdog how long each call has been running, and the model's batch cap told of
+        watchdog how long each call has been running, a batch waiting for the device when
+        it is expected to end (the running mean of the model ``name``'s calls of that size,
+        see ``held``), and the model's batch cap told of
         successes and of the first out-of-memory error (the bisection's later ones are its own
         halves). A batch that would start with too little GPU memory free runs in halves; the
         shared cap is left alone (another process's memory, or a framework's cache, says
@@ -234,7 +311,11 @@ class Device:
                     raise GpuMemoryLow(
                         f"under {self._settings.worker.gpu_min_free_mb} MiB of GPU memory free"
                     )
-            self._busy_since = time.monotonic()
+            started = time.monotonic()
+            call = (name, len(inputs))
+            mean = self._call_s.get(call)
+            self._busy_until = math.inf if mean is None else started + mean
+            self._busy_since = started
             try:
                 outputs = model.predict(inputs)
             except Exception as exc:
@@ -243,7 +324,9 @@ class Device:
                     cap.out_of_memory(len(inputs))
                 raise
             finally:
-                self._busy_since = None
+                self._busy_since = self._busy_until = None
+            took = time.monotonic() - started
+            self._call_s[call] = took if mean is None else mean + CALL_TIME_WEIGHT * (took - mean)
             cap.succeeded(len(inputs))
             return outputs
 

@@ -31,6 +31,7 @@ from workers.runtime.batch_run import BatchRun
 from workers.runtime.device import (
     Device,
     ModelRun,
+    ReadAhead,
     Runnable,
     isolate_failures,
     reads_late_joiners,
@@ -215,18 +216,26 @@ class WorkerRuntime:
     def _run_on_device(
         self, batch: BatchRun, runnable: list[Runnable], fill_to: int, free_slot: bool = False
     ) -> list[ModelRun]:
-        """Takes the device, tops ``runnable`` up to ``fill_to`` with late joiners, and runs
-        them; with ``free_slot``, gives the batch's slot back before the device frees (to a
-        batch waiting for it: ``BatchRun.free_slot``). The lock is held for the model only:
-        answers are built after it frees."""
-        predict = self.device.timed(self.model(batch.model), self.batch_cap(batch.model))
+        """Takes the device, tops ``runnable`` up to ``fill_to`` with late joiners (read
+        ahead while the device is busy, see ``Device.held``), and runs them; with
+        ``free_slot``, gives the batch's slot back before the device frees (to a batch waiting
+        for it: ``BatchRun.free_slot``). The lock is held for the model only: answers are
+        built after it frees."""
+        stream = self.keys.stream(batch.model)
+        predict = self.device.timed(
+            batch.model, self.model(batch.model), self.batch_cap(batch.model)
+        )
+        reads = reads_late_joiners(runnable, fill_to)
+        room = fill_to - len(runnable)
+        ahead = ReadAhead(
+            lambda: batch.sort_late(self.device.read_late_joiners(stream, self.consumer, room))
+        )
         confirm = None
         try:
-            with self.device.held(reads_late_joiners(runnable, fill_to)):
-                arrived, confirm = self.device.claim(
-                    self.keys.stream(batch.model), runnable, fill_to
-                )
-                on_device = [*runnable, *batch.sort_late(arrived)]
+            with self.device.held(reads, ahead if reads else None):
+                ready = [*runnable, *ahead.runnables]
+                arrived, confirm = self.device.claim(stream, ready, 0 if ahead.fresh() else fill_to)
+                on_device = [*ready, *batch.sort_late(arrived)]
                 runs = isolate_failures(predict, on_device) if on_device else []
                 if free_slot:
                     batch.free_slot(self.device)
