@@ -34,7 +34,13 @@ from workers.models.registry import cost_function
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import Capacity, FleetState
 from workers.protocol.celery_app import make_celery_app
-from workers.protocol.entries import StreamEntry, ensure_group, read_entries, to_text
+from workers.protocol.entries import (
+    StreamEntry,
+    ensure_group,
+    entries_of,
+    read_entries,
+    to_text,
+)
 from workers.protocol.health import Health
 from workers.protocol.metrics_endpoint import serve_metrics
 from workers.protocol.model_times import ModelTimeEstimate
@@ -223,7 +229,7 @@ class ModelBatcher:
         if count is not None and count <= 0:
             return []
         reply: Any = self._client.xreadgroup(**self._read_args(count, block_s, history))
-        return _entries(reply)
+        return entries_of(reply)
 
     def _read_and_count(self, count: int, block_s: float | None = None) -> list[StreamEntry]:
         """New entries, as ``_read`` reads them, and the capacity counted once the read
@@ -238,7 +244,7 @@ class ModelBatcher:
         if isinstance(reply, Exception):
             raise reply
         self._counted = self._state.counted(counted, self._lease_s)
-        return _entries(reply)
+        return entries_of(reply)
 
     def _read_args(
         self, count: int | None, block_s: float | None, history: bool = False
@@ -433,11 +439,6 @@ class ModelBatcher:
             self._state.undispatched(task.batch_id)
             raise
         return counted
-
-
-def _entries(reply: Any) -> list[StreamEntry]:
-    """The entries of an ``XREADGROUP`` reply (one stream)."""
-    return [entry for _, entries in reply or [] for entry in entries]
 
 
 def run_batchers(

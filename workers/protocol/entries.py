@@ -27,6 +27,11 @@ DecodedEntry = tuple[str, str, Request]
 """A request read from its stream entry: the entry id, the raw JSON, the request."""
 
 
+def entries_of(reply: Any) -> list[StreamEntry]:
+    """The entries of an ``XREADGROUP`` reply (one stream)."""
+    return [entry for _, entries in reply or [] for entry in entries]
+
+
 def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
     """Creates ``group`` on ``stream`` (and the stream) unless it exists: after a start, or a
     Redis that came back empty."""

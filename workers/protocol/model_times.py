@@ -5,6 +5,8 @@ power-of-two size buckets (1, 2, 4, …) and publishes them every heartbeat in
 ``bf:{m:MODEL}:model_time`` (the last worker to beat wins: the fleet's devices are alike). A
 batcher reads them at most every ``REFRESH_S`` and prices a batch at the mean of the smallest
 bucket that holds its size, or, past the largest one measured, at that one scaled by size.
+The worker also keeps a mean per exact size, which its batches waiting for the device read to
+know when the running call should end (``workers.runtime.device``).
 """
 
 from __future__ import annotations
@@ -29,18 +31,24 @@ def bucket_of(size: int) -> int:
 
 
 class MeasuredModelTimes:
-    """A worker's running means, per model and size bucket."""
+    """A worker's running means, per model and size bucket, and per model and exact size."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._means: dict[str, dict[int, float]] = {}
+        self._exact: dict[tuple[str, int], float] = {}
 
     def add(self, model: str, size: int, seconds: float) -> None:
         with self._lock:
             means = self._means.setdefault(model, {})
             bucket = bucket_of(size)
-            old = means.get(bucket)
-            means[bucket] = seconds if old is None else old + EWMA_WEIGHT * (seconds - old)
+            means[bucket] = _moved(means.get(bucket), seconds)
+            self._exact[model, size] = _moved(self._exact.get((model, size)), seconds)
+
+    def expected_s(self, model: str, size: int) -> float | None:
+        """The mean time of the model's calls of exactly ``size``; None before one ended."""
+        with self._lock:
+            return self._exact.get((model, size))
 
     def fields(self) -> dict[str, dict[str, str]]:
         """Per model, the means as a Redis hash (bucket → seconds)."""
@@ -49,6 +57,11 @@ class MeasuredModelTimes:
                 model: {str(bucket): f"{mean:.6f}" for bucket, mean in means.items()}
                 for model, means in self._means.items()
             }
+
+
+def _moved(mean: float | None, seconds: float) -> float:
+    """A running mean moved towards one more call's ``seconds`` (its first, alone)."""
+    return seconds if mean is None else mean + EWMA_WEIGHT * (seconds - mean)
 
 
 class ModelTimeEstimate:

@@ -15,7 +15,8 @@ meanwhile. The claim does not wake the finished batch: woken so, its thread took
 thread's core for ~0.2 ms on a 2-core host (``benchmarks/README.md``).
 
 A batch with room for late joiners reads them ahead, ``READ_AHEAD_S`` before the running model
-call is expected to end (the mean of this process's calls of that model and size), so that
+call is expected to end (the mean of this process's calls of that model and size,
+``MeasuredModelTimes.expected_s``), so that
 when the device frees its claim is only sent and its model starts at once, instead of a round
 trip later. A read ahead that has grown stale by then (the call ran long) is topped up by a
 read in the claim, as without one.
@@ -44,7 +45,8 @@ from config.settings import Settings
 from workers.models.base import Model
 from workers.protocol.batch_cap import BatchCap, is_out_of_memory
 from workers.protocol.capacity import SlotRelease
-from workers.protocol.entries import StreamEntry
+from workers.protocol.entries import StreamEntry, entries_of
+from workers.protocol.model_times import MeasuredModelTimes
 from workers.runtime.gpu import GpuTelemetry
 
 Runnable = tuple[str, Request]
@@ -65,8 +67,6 @@ HAND_OVER_WAIT_S = 0.002
 READ_AHEAD_S = 0.0008
 READ_AHEAD_FRESH_S = 0.001
 CALL_START_POLL_S = 0.0005
-# The weight of a model call in the running mean of its model and size.
-CALL_TIME_WEIGHT = 0.2
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,12 @@ class Device:
     """The device lock, the device consumer that holds what runs, and timed model calls."""
 
     def __init__(
-        self, settings: Settings, client: redis.Redis, gpu: GpuTelemetry, consumer: str
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        gpu: GpuTelemetry,
+        consumer: str,
+        times: MeasuredModelTimes,
     ) -> None:
         self._lock = threading.RLock()
         self.consumer = consumer
@@ -128,7 +133,7 @@ class Device:
         self._gpu = gpu
         self._busy_since: float | None = None
         self._busy_until: float | None = None  # the call's expected end; inf when unknown
-        self._call_s: dict[tuple[str, int], float] = {}  # mean call time by model and size
+        self._times = times
         self._waiting = 0
         self._waiting_to_send = 0  # of those, the threads whose claims are only sent
         self._claimed = True  # whether the holder has claimed the device since it was handed
@@ -192,8 +197,9 @@ class Device:
     def read_late_joiners(self, stream: str, consumer: str, count: int) -> list[StreamEntry]:
         """Takes up to ``count`` requests no batcher has read yet for ``consumer`` (a read
         ahead: the claim moves them to the device consumer)."""
-        reply: Any = self._client.xreadgroup(CONSUMER_GROUP, consumer, {stream: ">"}, count=count)
-        return [entry for _, entries in reply or [] for entry in entries]
+        return entries_of(
+            self._client.xreadgroup(CONSUMER_GROUP, consumer, {stream: ">"}, count=count)
+        )
 
     def _await_claim(self) -> None:
         """Sleeps until the next holder has claimed the device, ``HAND_OVER_WAIT_S`` at most
@@ -275,8 +281,7 @@ class Device:
             if ids:
                 pipe.xclaim(stream, CONSUMER_GROUP, self.consumer, 0, ids, justid=True)
             pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
-            reply: Any = pipe.execute()[-1]
-            arrived = [entry for _, entries in reply or [] for entry in entries]
+            arrived = entries_of(pipe.execute()[-1])
             return arrived, [release.send(self._client) for release in handed]
         commands: list[tuple[Any, ...]] = []
         if ids:
@@ -295,8 +300,8 @@ class Device:
     def timed(self, name: str, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
         """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the
         watchdog how long each call has been running, a batch waiting for the device when
-        it is expected to end (the running mean of the model ``name``'s calls of that size,
-        see ``held``), and the model's batch cap told of
+        it is expected to end (the mean of the model ``name``'s calls of that size, see
+        ``held``), and the model's batch cap told of
         successes and of the first out-of-memory error (the bisection's later ones are its own
         halves). A batch that would start with too little GPU memory free runs in halves; the
         shared cap is left alone (another process's memory, or a framework's cache, says
@@ -312,8 +317,7 @@ class Device:
                         f"under {self._settings.worker.gpu_min_free_mb} MiB of GPU memory free"
                     )
             started = time.monotonic()
-            call = (name, len(inputs))
-            mean = self._call_s.get(call)
+            mean = self._times.expected_s(name, len(inputs))
             self._busy_until = math.inf if mean is None else started + mean
             self._busy_since = started
             try:
@@ -325,8 +329,6 @@ class Device:
                 raise
             finally:
                 self._busy_since = self._busy_until = None
-            took = time.monotonic() - started
-            self._call_s[call] = took if mean is None else mean + CALL_TIME_WEIGHT * (took - mean)
             cap.succeeded(len(inputs))
             return outputs
 

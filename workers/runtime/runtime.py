@@ -85,7 +85,9 @@ class WorkerRuntime:
         self._replica_wait = ReplicaWait.of(settings)
         self.consumer = worker_consumer(hostname)
         self.member = worker_member(hostname, settings.worker.slots)
-        self.device = Device(settings, self.client, self.gpu, self._new_device_consumer())
+        self.device = Device(
+            settings, self.client, self.gpu, self._new_device_consumer(), self.model_times
+        )
         self._models: dict[str, Model] = {}
         self._records: dict[str, ModelRecords] = {}
         self._load_lock = threading.Lock()
