@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
@@ -17,6 +20,7 @@ from tests.script_slots import ScriptCalls
 from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
 from workers.runtime.gpu import gpu_count
+from workers.runtime.timer_slack import WORKER_TIMER_SLACK_NS
 
 from .conftest import check_outputs, producer_for, settings_for, wait_ready
 
@@ -218,6 +222,24 @@ def test_two_workers_share_the_load(make_fleet: Callable[..., LocalFleet]) -> No
         results = list(producer.results(ids, timeout_s=120))
     assert len(results) == 1000 and all(result.ok for result in results)
     assert {result.worker for result in results} == {"one@test", "two@test"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_every_thread_of_a_worker_ends_its_timed_waits_on_time(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """A serving worker's threads (Celery's, the batches', the heartbeat) all have the
+    worker's timer slack, not Linux's 50 µs default: a sub-millisecond wait of the device's
+    hand-over ends when it is due."""
+    fleet = make_fleet()
+    fleet.start("batcher")
+    worker = fleet.start("worker", "--cpu")
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        producer.infer("synthetic", list(range(100)), timeout_s=60)
+        threads = os.listdir(f"/proc/{worker.pid}/task")
+        slacks = {tid: Path(f"/proc/{tid}/timerslack_ns").read_text().strip() for tid in threads}
+    assert len(slacks) > 2 and set(slacks.values()) == {str(WORKER_TIMER_SLACK_NS)}, slacks
 
 
 @pytest.mark.skipif(gpu_count() == 0, reason="needs an NVIDIA GPU (refused without one)")

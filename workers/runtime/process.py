@@ -26,6 +26,7 @@ from workers.runtime.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.runtime import WorkerRuntime
 from workers.runtime.tasks import register_tasks
+from workers.runtime.timer_slack import tighten_timer_slack
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ def run_worker(
     # The next batch's thread must take the device the moment it frees, not when the
     # finishing thread's 5 ms GIL slice ends.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # Before any thread starts: each takes it from this one.
+    tighten_timer_slack()
     hostname = name or worker_hostname(gpu, share)
     if gpu is None:
         log.info("worker %s runs on the CPU (no GPU assigned)", hostname)
