@@ -27,7 +27,8 @@ def tighten_timer_slack(slack_ns: int = WORKER_TIMER_SLACK_NS) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0) != 0:
+    unused = ctypes.c_ulong(0)
+    if libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), unused, unused, unused) != 0:
         log.warning("timer slack left as it was: prctl failed (errno %d)", ctypes.get_errno())
         return False
     return True
