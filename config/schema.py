@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from json.encoder import encode_basestring
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Literal
 
@@ -17,6 +19,11 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from config.errors import InvalidInput, RequestFailed, WireFormatError, failure_for
+
+try:
+    from _json import make_encoder as make_c_encoder
+except ImportError:  # an interpreter without json's C accelerator
+    make_c_encoder = None  # type: ignore[assignment, misc]
 
 STREAM_FIELD = "request"
 
@@ -55,9 +62,33 @@ def nesting_depth(value: Any) -> int:
     return depth
 
 
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_SORTED_JSON = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True
+def _encoder_of(settings: json.JSONEncoder) -> Callable[[Any], str]:
+    """``settings.encode`` (``ensure_ascii`` off) as one call of a C encoder built once:
+    ``JSONEncoder.encode`` builds one per call, two thirds of its time on a small value
+    (``benchmarks/README.md``). It keeps no circular-reference bookkeeping, which shared
+    between threads would be wrong: a value that contains itself fails as too deep
+    (``RecursionError``). ``settings.encode`` itself where the C accelerator is missing."""
+    if make_c_encoder is None:
+        return settings.encode
+    encode = make_c_encoder(
+        None,
+        settings.default,
+        encode_basestring,
+        None,
+        settings.key_separator,
+        settings.item_separator,
+        settings.sort_keys,
+        settings.skipkeys,
+        settings.allow_nan,
+    )
+    return lambda value: "".join(encode(value, 0))
+
+
+_COMPACT_JSON = _encoder_of(
+    json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+)
+_SORTED_JSON = _encoder_of(
+    json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True)
 )
 
 
@@ -87,7 +118,7 @@ def output_json(value: Any) -> str:
 
 def _checked_json(value: Any, sort_keys: bool) -> str:
     try:
-        encoded = (_SORTED_JSON if sort_keys else _COMPACT_JSON).encode(value)
+        encoded = (_SORTED_JSON if sort_keys else _COMPACT_JSON)(value)
         encoded.encode()  # a lone surrogate passes json.dumps but is not UTF-8
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(f"value is not JSON-serialisable: {exc}") from exc

@@ -67,6 +67,40 @@ def test_canonical_json_sorts_keys_and_refuses_what_json_cannot_carry() -> None:
             canonical_json(bad)
 
 
+class Score(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": [1, 2.5, -3e-7, 1e16, 10**30], "a": {"z": None, "y": True}},
+        {1: "one", 2: ("a", "b")},
+        'é ☃ \u2028 \\ " \n',
+        [Score(0.5), {"x": Score(1.25)}],
+        12345678901234567890,
+        [[[[]]], {}],
+    ],
+)
+def test_canonical_json_is_what_json_writes(value: object) -> None:
+    """The digest of a resubmitted input matches across producer versions: the encoding is
+    ``json``'s own for these settings."""
+    assert canonical_json(value) == json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    assert output_json(value) == json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def test_a_value_that_contains_itself_is_invalid_input() -> None:
+    looped: list[object] = [1]
+    looped.append(looped)
+    for encode in (canonical_json, output_json):
+        with pytest.raises(InvalidInput):
+            encode(looped)
+
+
 @pytest.mark.parametrize(
     "value",
     [
