@@ -81,7 +81,13 @@ def _encoder_of(settings: json.JSONEncoder) -> Callable[[Any], str]:
         settings.skipkeys,
         settings.allow_nan,
     )
-    return lambda value: "".join(encode(value, 0))
+
+    def encode_value(value: Any) -> str:
+        if isinstance(value, str):  # as JSONEncoder.encode: a string needs no encoder call
+            return encode_basestring(value)
+        return "".join(encode(value, 0))
+
+    return encode_value
 
 
 _COMPACT_JSON = _encoder_of(
