@@ -1,5 +1,5 @@
-"""A worker that cannot tighten its timer slack starts anyway, its timed waits as late as the
-system lets them."""
+"""Where a worker's timer slack cannot be tightened it is left as it is, and the worker goes
+on, its timed waits as late as the system lets them."""
 
 from __future__ import annotations
 

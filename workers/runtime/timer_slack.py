@@ -22,8 +22,8 @@ WORKER_TIMER_SLACK_NS = 1_000
 
 def tighten_timer_slack(slack_ns: int = WORKER_TIMER_SLACK_NS) -> bool:
     """Sets the calling thread's timer slack to ``slack_ns``, and so that of every thread it
-    starts afterwards; True when set. Elsewhere than on Linux, or refused, it is left as it is
-    (logged): timed waits then end as late as the system lets them."""
+    starts afterwards; True when set. Elsewhere than on Linux it is left as it is, and where
+    Linux refuses it too (logged): timed waits then end as late as the system lets them."""
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
