@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 MODELS_REMEMBERED = 1 << 16
+REQUEST_ID_BYTES = 16  # random bytes in a request id drawn here
 
 # The cancel script's reply when the record changed between the caller's read and the script
 # (the id was admitted again): the caller reads it again and retries.
@@ -239,7 +240,7 @@ class ProducerCore:
         policy = self.policy(model)
         items = list(inputs)
         if request_ids is None:
-            ids = [os.urandom(16).hex() for _ in items]
+            ids = new_request_ids(len(items))
         else:
             if len(request_ids) != len(items):
                 raise InvalidInput(f"{len(request_ids)} request ids for {len(items)} inputs")
@@ -755,6 +756,14 @@ def unknown_request(request_id: str) -> UnknownRequest:
     return UnknownRequest(
         f"request {abbreviated(request_id)} is unknown: never accepted, or its result expired"
     )
+
+
+def new_request_ids(count: int) -> list[str]:
+    """``count`` random request ids, 128 bits each in hex, drawn in one system call (one a
+    call cost ~0.5 µs an id, ~10 ms before a 20,000-request ``submit_many`` could send)."""
+    drawn = os.urandom(REQUEST_ID_BYTES * count).hex()
+    width = 2 * REQUEST_ID_BYTES
+    return [drawn[start : start + width] for start in range(0, len(drawn), width)]
 
 
 def cached_result_head(item: Prepared) -> str:

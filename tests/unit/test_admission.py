@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import fakeredis
@@ -37,6 +38,15 @@ def test_submit_enqueues_one_entry_and_returns_an_id(
     request_id = producer.submit("synthetic", {"text": "hi"})
     assert queued(fake_redis) == 1
     assert fake_redis.exists(Keys("bf").record("synthetic", request_id))
+
+
+def test_submit_many_gives_each_request_an_id_of_its_own(
+    producer: Producer, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """Ids drawn for a call are distinct, 128 random bits in hex, each its own request."""
+    ids = producer.submit_many("synthetic", [{"n": n} for n in range(10)])
+    assert len(set(ids)) == 10 and all(re.fullmatch("[0-9a-f]{32}", one) for one in ids)
+    assert queued(fake_redis) == 10
 
 
 @pytest.mark.parametrize(
