@@ -18,6 +18,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import redis
 
@@ -29,9 +30,8 @@ PAUSES_S = (0.0, 0.001, 0.005, 0.02)
 PING = b"*1\r\n$4\r\nPING\r\n"
 
 
-def timed(call: Callable[[], object], pause_s: float, rounds: int) -> str:
-    """Median and 90th percentile of ``call``'s wall time in µs, ``pause_s`` asleep before
-    each."""
+def took_us(call: Callable[[], object], pause_s: float, rounds: int) -> list[float]:
+    """``call``'s wall time in µs, each of ``rounds`` calls after ``pause_s`` asleep."""
     took = []
     for _ in range(rounds):
         if pause_s:
@@ -39,19 +39,19 @@ def timed(call: Callable[[], object], pause_s: float, rounds: int) -> str:
         started = time.perf_counter()
         call()
         took.append((time.perf_counter() - started) * 1e6)
-    return f"{statistics.median(took):7.0f} {statistics.quantiles(took, n=10)[-1]:7.0f}"
+    return took
+
+
+def median_p90(values: list[float]) -> str:
+    return f"{statistics.median(values):7.0f} {statistics.quantiles(values, n=10)[-1]:7.0f}"
 
 
 def sleep_lateness(label: str, rounds: int) -> None:
     """Prints how late each of ``SLEEPS_S`` ends in the calling thread."""
     for sleep_s in SLEEPS_S:
-        late = []
-        for _ in range(rounds):
-            started = time.perf_counter()
-            time.sleep(sleep_s)
-            late.append((time.perf_counter() - started - sleep_s) * 1e6)
-        median, p90 = statistics.median(late), statistics.quantiles(late, n=10)[-1]
-        print(f"{label:<34} sleep {sleep_s * 1000:5.2f} ms: late {median:5.0f} {p90:5.0f}")
+        took = took_us(partial(time.sleep, sleep_s), 0.0, rounds)
+        late = median_p90([us - sleep_s * 1e6 for us in took])
+        print(f"{label:<34} sleep {sleep_s * 1000:5.2f} ms: late {late}")
 
 
 def in_new_thread(run: Callable[[], None]) -> None:
@@ -81,8 +81,8 @@ def main() -> None:
             sock.recv(64)
 
         for pause_s in PAUSES_S:
-            through_redis_py = timed(client.ping, pause_s, args.rounds)
-            on_raw_socket = timed(raw_ping, pause_s, args.rounds)
+            through_redis_py = median_p90(took_us(client.ping, pause_s, args.rounds))
+            on_raw_socket = median_p90(took_us(raw_ping, pause_s, args.rounds))
             print(
                 f"pause {pause_s * 1000:4.0f} ms: redis-py PING {through_redis_py}"
                 f"   raw socket {on_raw_socket}"
