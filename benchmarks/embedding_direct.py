@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from workers.models.base import outputs_of
 from workers.models.embedding import EmbeddingModel
 from workers.runtime.process import GIL_SWITCH_INTERVAL_S
 from workers.tools.bench_inputs import sentence_inputs
@@ -26,7 +27,7 @@ def rate(model: EmbeddingModel, sentences: Sequence[str], batch_size: int) -> fl
     batch's vectors are on the host when ``predict`` returns)."""
     started = time.perf_counter()
     for start in range(0, len(sentences), batch_size):
-        model.predict(sentences[start : start + batch_size])
+        outputs_of(model, sentences[start : start + batch_size])
     return len(sentences) / (time.perf_counter() - started)
 
 
@@ -58,7 +59,7 @@ def main() -> None:
     model.setup(args.device)
     make = sentence_inputs(seed=1)
     sentences = [make(index) for index in range(args.sentences)]
-    model.predict(sentences[:32])  # warm up
+    outputs_of(model, sentences[:32])  # warm up
     print(f"MiniLM on {args.device}, {args.threads} torch thread(s), {len(sentences)} sentences")
     print(f"batch 32, arrival order    {rate(model, sentences, 32):7.1f} sentences/s")
     by_length = sorted(sentences, key=model.cost)

@@ -26,6 +26,7 @@ from config.keys import Keys
 from config.schema import STREAM_FIELD, Result
 from config.settings import load_settings
 from producer.admission import Prepared, ProducerCore
+from workers.models.base import outputs_of
 from workers.models.synthetic import SyntheticModel
 from workers.protocol.entries import read_entries
 from workers.protocol.results import ResultWriter
@@ -53,7 +54,7 @@ def synthetic_run(runnables: list[Runnable]) -> tuple[BatchRun, ModelRun, str]:
     requests = [request for _, request in runnables]
     run = ModelRun(
         runnables,
-        model.predict([request.input for request in requests]),
+        outputs_of(model, [request.input for request in requests]),
         None,
         0.0026,
         requests[0].submitted_at + 0.01,

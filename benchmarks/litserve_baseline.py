@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 import litserve as ls
 
+from workers.models.base import outputs_of
 from workers.models.embedding import EmbeddingModel
 from workers.tools.bench_inputs import poisson_arrivals, sentence_inputs
 from workers.tools.load_stats import percentile
@@ -71,7 +72,7 @@ class EmbeddingAPI(ls.LitAPI):
         carries its call's size and time, for the mean batch and the busy fraction."""
         batch = texts if isinstance(texts, list) else [texts]
         started = time.perf_counter()
-        vectors = self.model.predict(batch)
+        vectors = outputs_of(self.model, batch)
         model_s = time.perf_counter() - started
         outputs = [{"embedding": v, "batch": len(batch), "model_s": model_s} for v in vectors]
         return outputs if isinstance(texts, list) else outputs[0]

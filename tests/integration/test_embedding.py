@@ -11,6 +11,7 @@ import pytest
 from config.schema import Result
 from config.settings import ModelPolicy
 from workers.local.local_fleet import LocalFleet
+from workers.models.base import outputs_of
 from workers.models.registry import build_model
 from workers.tools.bench_inputs import sentence_inputs
 
@@ -40,7 +41,7 @@ def embed_through_fleet(
 def assert_own_vectors(ids: list[str], results: dict[str, Result], sentences: list[str]) -> None:
     """Each caller got the vector the model computes for its own sentence."""
     local = build_model("embed", ModelPolicy.model_validate(POLICY), "cpu")
-    for request_id, vector in zip(ids, local.predict(sentences), strict=True):
+    for request_id, vector in zip(ids, outputs_of(local, sentences), strict=True):
         output = results[request_id].unwrap()
         assert sum(x * y for x, y in zip(output, vector, strict=True)) > 0.9999
 

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import fakeredis
 import pytest
@@ -301,6 +301,21 @@ def fleet_of_backend(
         yield BackendFleet(celery, batcher, runtime, producer)
 
 
+def sent_apart(
+    fleet: BackendFleet, first: Sequence[Any], second: Any
+) -> tuple[list[str], str, BatchTask, BatchTask]:
+    """``first`` submitted and sent as one batch, then ``second`` as another: their request
+    ids and their batch tasks."""
+    first_ids = fleet.producer.submit_many("synthetic", first)
+    fleet.batcher.step()
+    fleet.batcher.step()
+    second_id = fleet.producer.submit("synthetic", second)
+    fleet.batcher.step()
+    fleet.batcher.step()
+    first_task, second_task = (BatchTask(*sent["args"]) for sent in fleet.celery.sent)
+    return first_ids, second_id, first_task, second_task
+
+
 def answers_of_backend(
     client: fakeredis.FakeRedis, backend: str, inputs: Sequence[Any]
 ) -> list[Result]:
@@ -343,6 +358,79 @@ def test_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(
     assert poisoned is not None and poisoned.code == "model_error"
     assert "cannot digest poison" in poisoned.message
     assert all(result.ok for index, result in enumerate(results) if index != 1)
+
+
+class PostprocessingModel(FailingModel):
+    """Its device computes each input doubled, as one mapping for the whole batch;
+    ``postprocess`` makes one output per input of it. A batch holding "hold" stays in
+    ``postprocess`` until another batch has run on the device (``held_until_next`` says whether
+    one did); "break" makes ``postprocess`` raise, "short" forget an output."""
+
+    postprocessing = threading.Event()
+    next_ran = threading.Event()
+    held_until_next: ClassVar[list[bool]] = []
+
+    def predict(self, batch: Sequence[Any]) -> dict[str, Any]:
+        if "hold" not in batch:
+            PostprocessingModel.next_ran.set()
+        return {"doubled": [item * 2 for item in batch]}
+
+    def postprocess(self, computed: dict[str, Any]) -> list[Any]:
+        doubled = computed["doubled"]
+        if "holdhold" in doubled:
+            PostprocessingModel.postprocessing.set()
+            PostprocessingModel.held_until_next.append(PostprocessingModel.next_ran.wait(30))
+        if "breakbreak" in doubled:
+            raise ValueError("cannot convert the tensor")
+        return [{"doubled": item} for item in doubled if item != "shortshort"]
+
+
+def test_a_batch_postprocesses_its_outputs_while_the_next_batch_runs_on_the_device(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """A model's ``postprocess`` turns what its device computed into the outputs once the
+    device is free: the next batch's model call runs meanwhile, and each caller gets its
+    own output."""
+    PostprocessingModel.postprocessing.clear()
+    PostprocessingModel.next_ran.clear()
+    PostprocessingModel.held_until_next.clear()
+    with fleet_of_backend(fake_redis, f"{__name__}:PostprocessingModel") as fleet:
+        add_worker(fake_redis, slots=2)
+        first, second, first_task, second_task = sent_apart(fleet, ["hold", "a"], "next")
+        running = threading.Thread(target=fleet.runtime.run_batch, args=(first_task,))
+        running.start()
+        try:
+            assert PostprocessingModel.postprocessing.wait(timeout=30), "no postprocess ran"
+            fleet.runtime.run_batch(second_task)
+        finally:
+            running.join()
+    assert PostprocessingModel.held_until_next == [True]
+    answers = {rid: stored_result(fake_redis, rid) for rid in [*first, second]}
+    assert [answers[rid].output for rid in [*first, second]] == [
+        {"doubled": "holdhold"},
+        {"doubled": "aa"},
+        {"doubled": "nextnext"},
+    ]
+    assert {answers[rid].batch_size for rid in first} == {2}
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (["a", "break", "c"], "ValueError: cannot convert the tensor"),
+        (["a", "short", "c"], "ValueError: model returned 2 outputs for 3 inputs"),
+    ],
+)
+def test_a_failing_postprocess_fails_its_whole_model_call(
+    fake_redis: fakeredis.FakeRedis, inputs: list[str], message: str
+) -> None:
+    """A ``postprocess`` that raises or miscounts its outputs answers every request of that
+    model call with model_error and the reason (the device's work is done: nothing runs
+    again), and leaves nothing in the stream."""
+    answers = answers_of_backend(fake_redis, f"{__name__}:PostprocessingModel", inputs)
+    for answer in answers:
+        assert answer.error is not None and answer.error.code == "model_error"
+        assert answer.error.message == message
 
 
 def test_a_waiting_batch_tops_itself_up_when_the_device_frees(
@@ -392,13 +480,7 @@ def test_a_finished_batch_frees_its_slot_only_once_the_waiting_batch_took_late_j
     slot_released_at_claim: list[bool] = []
     with fleet_of_backend(fake_redis, f"{__name__}:GatedModel") as fleet:
         add_worker(fake_redis, slots=2)
-        fleet.producer.submit("synthetic", "hold")
-        fleet.batcher.step()
-        fleet.batcher.step()
-        waiting_first = fleet.producer.submit("synthetic", "next")
-        fleet.batcher.step()
-        fleet.batcher.step()
-        running_task, waiting_task = (BatchTask(*sent["args"]) for sent in fleet.celery.sent)
+        _, waiting_first, running_task, waiting_task = sent_apart(fleet, ["hold"], "next")
         running = threading.Thread(target=fleet.runtime.run_batch, args=(running_task,))
         waiting = threading.Thread(target=fleet.runtime.run_batch, args=(waiting_task,))
         device = fleet.runtime.device

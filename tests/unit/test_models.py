@@ -15,7 +15,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.settings import ModelPolicy
-from workers.models.base import ItemError, Model
+from workers.models.base import ItemError, Model, outputs_of
 from workers.models.embedding import save_half_precision
 from workers.models.registry import build_model, load_class
 from workers.models.synthetic import SyntheticModel, expected_output, launch
@@ -94,7 +94,7 @@ def test_a_synthetic_launch_works_the_cpu_and_lets_the_gil_go_at_each_launch() -
 
 def test_a_launching_synthetic_model_answers_as_it_does_without_launches() -> None:
     model = SyntheticModel(base_ms=0, per_item_ms=0, launch_ms=1)
-    assert model.predict([1, "two"]) == [expected_output(1), expected_output("two")]
+    assert outputs_of(model, [1, "two"]) == [expected_output(1), expected_output("two")]
     with pytest.raises(ValueError, match="launch_ms"):
         SyntheticModel(launch_ms=-1)
 
@@ -127,9 +127,9 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
 def test_embeddings_are_unit_vectors_in_the_callers_order(embedder: Model) -> None:
     """One 384-float unit vector per input, in order, the same whatever the batch around it."""
     sentences = ["The cat sat on the mat.", "Stock markets fell sharply on Monday."]
-    forward = embedder.predict(sentences)
-    backward = embedder.predict(list(reversed(sentences)))
-    alone = embedder.predict(sentences[:1])
+    forward = outputs_of(embedder, sentences)
+    backward = outputs_of(embedder, list(reversed(sentences)))
+    alone = outputs_of(embedder, sentences[:1])
     assert [len(vector) for vector in forward] == [384, 384]
     assert math.isclose(cosine(forward[0], forward[0]), 1.0, rel_tol=1e-5)
     assert cosine(forward[0], backward[1]) > 0.9999
@@ -139,8 +139,9 @@ def test_embeddings_are_unit_vectors_in_the_callers_order(embedder: Model) -> No
 
 def test_embeddings_place_similar_sentences_close(embedder: Model) -> None:
     """A paraphrase is nearer than an unrelated sentence: the real model answered."""
-    cat, kitten, markets = embedder.predict(
-        ["A cat is sleeping on the sofa.", "A kitten naps on the couch.", "Bond yields rose."]
+    cat, kitten, markets = outputs_of(
+        embedder,
+        ["A cat is sleeping on the sofa.", "A kitten naps on the couch.", "Bond yields rose."],
     )
     assert cosine(cat, kitten) > cosine(cat, markets) + 0.3
 
@@ -149,7 +150,7 @@ def test_embeddings_place_similar_sentences_close(embedder: Model) -> None:
 def test_an_embedding_input_must_be_a_non_empty_string(embedder: Model, bad: Any) -> None:
     """A non-string or empty input gets an invalid_input error in its place; the text beside
     it still gets its vector."""
-    fine, refused = embedder.predict(["fine", bad])
+    fine, refused = outputs_of(embedder, ["fine", bad])
     assert len(fine) == 384
     assert isinstance(refused, ItemError) and refused.code == "invalid_input"
     assert "non-empty string" in refused.message
@@ -183,6 +184,7 @@ def test_the_embedding_model_loads_a_half_precision_copy_from_another_folder(
     options = {"threads": 1, "weights": str(copy)}
     half = build_model("embed", ModelPolicy(backend="embedding", options=options), "cpu")
     sentences = ["The cat sat on the mat.", "Stock markets fell sharply on Monday."]
-    for ours, theirs in zip(half.predict(sentences), embedder.predict(sentences), strict=True):
+    full = outputs_of(embedder, sentences)
+    for ours, theirs in zip(outputs_of(half, sentences), full, strict=True):
         assert cosine(ours, theirs) > 0.999
     assert half.cost(sentences[1]) == embedder.cost(sentences[1])  # type: ignore[attr-defined]

@@ -32,6 +32,15 @@ class Model(Protocol):
     A model may also define ``cost(item) -> int`` (e.g. an input's tokens): with
     ``max_batch_cost`` or ``group_by_cost`` in its policy the batcher calls it, on an instance
     it builds but never sets up, to form batches by what the device pays for (padding).
+
+    A model may also define ``postprocess(raw) -> outputs``: ``predict`` then returns what
+    the device computed for the batch, as it likes (a tensor, a tuple of them), and the
+    worker turns it into the outputs (one per input, in order, as ``predict`` would have
+    returned them) with ``postprocess`` once the device is free: the next batch's model call
+    runs meanwhile. CPU-only work belongs there (``tensor.tolist()``, labels from logits).
+    A ``postprocess`` that raises fails its whole model call (its inputs are not run again
+    one by one, as a failing ``predict``'s are): an input that fails alone gets an
+    ``ItemError`` in its place instead. ``outputs_of`` calls both.
     """
 
     version: str
@@ -39,3 +48,11 @@ class Model(Protocol):
     def setup(self, device: str) -> None: ...
 
     def predict(self, batch: Sequence[Any]) -> Sequence[Any]: ...
+
+
+def outputs_of(model: Model, batch: Sequence[Any]) -> list[Any]:
+    """``model``'s outputs for ``batch``: ``predict``, then ``postprocess`` where the model
+    has one (see ``Model``)."""
+    raw = model.predict(batch)
+    postprocess = getattr(model, "postprocess", None)
+    return list(raw if postprocess is None else postprocess(raw))

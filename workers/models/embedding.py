@@ -95,9 +95,10 @@ class EmbeddingModel:
         head = item[: self.max_tokens * CHARS_PER_TOKEN_BOUND]
         return min(len(self.tokenizer.encode(head).ids), self.max_tokens)
 
-    def predict(self, batch: Sequence[Any]) -> list[Any]:
-        """Embeds the batch's texts as one padded batch; an input that is not a non-empty
-        string gets an ``invalid_input`` error in its place."""
+    def predict(self, batch: Sequence[Any]) -> tuple[list[Any], Any]:
+        """Embeds the batch's texts as one padded batch: an ``invalid_input`` error in the
+        place of each input that is not a non-empty string, ``None`` in the others', and the
+        texts' vectors (a NumPy array) for ``postprocess``."""
         outputs: list[Any] = [
             None
             if isinstance(item, str) and item.strip()
@@ -106,18 +107,25 @@ class EmbeddingModel:
             )
             for item in batch
         ]
-        texts = [index for index, output in enumerate(outputs) if output is None]
-        if texts:
-            vectors = self.encoder.encode(
-                [batch[index] for index in texts],
+        texts = [batch[index] for index, output in enumerate(outputs) if output is None]
+        vectors = (
+            self.encoder.encode(
+                texts,
                 batch_size=len(texts),
                 convert_to_numpy=True,
                 normalize_embeddings=self.normalize,
                 show_progress_bar=False,
             )
-            for index, vector in zip(texts, vectors, strict=True):
-                outputs[index] = vector.tolist()
-        return outputs
+            if texts
+            else []
+        )
+        return outputs, vectors
+
+    def postprocess(self, computed: tuple[list[Any], Any]) -> list[Any]:
+        """Each text's vector as a list of floats, in its input's place."""
+        outputs, vectors = computed
+        texts = iter(vectors)
+        return [next(texts).tolist() if output is None else output for output in outputs]
 
 
 def save_half_precision(target: Path) -> None:

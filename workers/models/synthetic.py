@@ -9,7 +9,8 @@ from the first launch; a MiniLM batch of 32 on an H200 is ~10 ms of launches for
 of GPU work (``benchmarks/README.md``). Outputs are
 deterministic: for input ``x`` the output is ``{"echo": x, "length": len(json(x))}``, or with
 ``dims`` set, an embedding-like vector of that many floats drawn from the input's SHA-256
-(unit length), for the gateway's ``/v1/embeddings``.
+(unit length), for the gateway's ``/v1/embeddings``. They are built in ``postprocess``,
+after the device is free, as a GPU model's CPU-side conversions would be.
 """
 
 from __future__ import annotations
@@ -70,13 +71,18 @@ class SyntheticModel:
         return (self.base_ms + self.per_item_ms * size) / 1000.0
 
     def predict(self, batch: Sequence[Any]) -> list[Any]:
+        """The batch's device time; what the device computed is the inputs themselves, which
+        ``postprocess`` turns into the outputs."""
         started = time.perf_counter()
         if self.launch_ms:
             launch(self.launch_ms / 1000.0)
         time.sleep(max(0.0, self.batch_seconds(len(batch)) - (time.perf_counter() - started)))
+        return list(batch)
+
+    def postprocess(self, computed: Sequence[Any]) -> list[Any]:
         if self.dims:
-            return [expected_vector(item, self.dims) for item in batch]
-        return [expected_output(item) for item in batch]
+            return [expected_vector(item, self.dims) for item in computed]
+        return [expected_output(item) for item in computed]
 
 
 def launch(cpu_seconds: float) -> None:

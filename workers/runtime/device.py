@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -297,7 +297,7 @@ class Device:
         sent += [release.send(self._client) for release in apart]
         return [], sent
 
-    def timed(self, name: str, model: Model, cap: BatchCap) -> Callable[[list[Any]], Sequence[Any]]:
+    def timed(self, name: str, model: Model, cap: BatchCap) -> Callable[[list[Any]], Any]:
         """``model.predict`` for one batch and its bisection, with ``busy_s`` telling the
         watchdog how long each call has been running, a batch waiting for the device when
         it is expected to end (the mean of the model ``name``'s calls of that size, see
@@ -308,7 +308,7 @@ class Device:
         nothing about what the model needs)."""
         lowered = checked = False
 
-        def predict(inputs: list[Any]) -> Sequence[Any]:
+        def predict(inputs: list[Any]) -> Any:
             nonlocal lowered, checked
             if not checked:
                 checked = True
@@ -336,26 +336,64 @@ class Device:
 
 
 def isolate_failures(
-    predict: Callable[[list[Any]], Sequence[Any]], runnables: list[Runnable]
+    predict: Callable[[list[Any]], Any], runnables: list[Runnable], postprocesses: bool = False
 ) -> list[ModelRun]:
     """Runs ``runnables`` through ``predict`` (the caller holds the device); a failing group
     is halved and retried until each failure is pinned on single inputs. A soft time limit is
-    not retried: it fails the group."""
+    not retried: it fails the group. For a model that ``postprocesses``, each run holds what
+    ``predict`` returned, for ``postprocessed`` to turn into outputs once the device is
+    free."""
     started = time.monotonic()
     try:
-        outputs = list(predict([request.input for _, request in runnables]))
-        if len(outputs) != len(runnables):
-            raise ValueError(f"model returned {len(outputs)} outputs for {len(runnables)} inputs")
+        raw = predict([request.input for _, request in runnables])
+        outputs = raw if postprocesses else counted_outputs(raw, runnables)
     except Exception as exc:
         if len(runnables) == 1 or isinstance(exc, SoftTimeLimitExceeded):
-            message = f"{type(exc).__name__}: {exc}"
-            failed = [None] * len(runnables)
-            return [ModelRun(runnables, failed, message, time.monotonic() - started, time.time())]
+            return [failed_run(runnables, exc, time.monotonic() - started, time.time())]
         middle = len(runnables) // 2
-        return isolate_failures(predict, runnables[:middle]) + isolate_failures(
-            predict, runnables[middle:]
+        return isolate_failures(predict, runnables[:middle], postprocesses) + isolate_failures(
+            predict, runnables[middle:], postprocesses
         )
     return [ModelRun(runnables, outputs, None, time.monotonic() - started, time.time())]
+
+
+def postprocessed(model: Model, runs: list[ModelRun]) -> list[ModelRun]:
+    """``model``'s ``runs`` with what the device computed turned into their outputs by its
+    ``postprocess``, after the device is free (``runs`` as they are for a model without
+    one). A run whose ``postprocess`` raises, or returns another count of outputs, fails
+    whole."""
+    postprocess = getattr(model, "postprocess", None)
+    if postprocess is None:
+        return runs
+    finished = []
+    for run in runs:
+        if run.error is None:
+            try:
+                run = replace(run, outputs=counted_outputs(postprocess(run.outputs), run.runnables))
+            except Exception as exc:
+                run = failed_run(run.runnables, exc, run.model_s, run.finished_at)
+        finished.append(run)
+    return finished
+
+
+def counted_outputs(outputs: Sequence[Any], runnables: list[Runnable]) -> list[Any]:
+    """``outputs`` as a list, one per runnable.
+
+    Raises:
+        ValueError: the model returned another count of outputs.
+    """
+    counted = list(outputs)
+    if len(counted) != len(runnables):
+        raise ValueError(f"model returned {len(counted)} outputs for {len(runnables)} inputs")
+    return counted
+
+
+def failed_run(
+    runnables: list[Runnable], exc: Exception, model_s: float, finished_at: float
+) -> ModelRun:
+    """A model run that failed with ``exc`` for every one of ``runnables``."""
+    message = f"{type(exc).__name__}: {exc}"
+    return ModelRun(runnables, [None] * len(runnables), message, model_s, finished_at)
 
 
 def nothing_to_read() -> None:

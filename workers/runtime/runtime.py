@@ -34,6 +34,7 @@ from workers.runtime.device import (
     ReadAhead,
     Runnable,
     isolate_failures,
+    postprocessed,
     reads_late_joiners,
 )
 from workers.runtime.gpu import GpuTelemetry
@@ -195,7 +196,7 @@ class WorkerRuntime:
             entry_ids = [entry_id for entry_id in entry_ids if entry_id not in running]
         done = batch.start(self.consumer, self.member, entry_ids, decoded)
         runnable = batch.sort_out(decoded, done)
-        version = self.model(batch.model).version
+        model = self.model(batch.model)
         runs: list[ModelRun] = []
         if redelivered or batch.flush_reason == "isolated":
             # Suspects and redelivered batches run one request per model call, so that an
@@ -205,13 +206,15 @@ class WorkerRuntime:
             # between two of them the other slots' batches may take the device.
             for one in runnable:
                 with self.device.held():
-                    single = self._run_on_device(batch, [one], 0)
-                    batch.writer.finalize(answers_of(batch, single, version, self.hostname))
+                    single = postprocessed(model, self._run_on_device(batch, [one], 0))
+                    batch.writer.finalize(answers_of(batch, single, model.version, self.hostname))
                     self._observe(batch.model, single)
         elif runnable or tops_up:
             fill_to = self.batch_cap(batch.model).current() if tops_up else 0
-            runs = self._run_on_device(batch, runnable, fill_to, free_slot=True)
-        batch.finish(answers_of(batch, runs, version, self.hostname))
+            runs = postprocessed(
+                model, self._run_on_device(batch, runnable, fill_to, free_slot=True)
+            )
+        batch.finish(answers_of(batch, runs, model.version, self.hostname))
         self._observe(batch.model, runs)
         return len(runnable) + len(batch.late)
 
@@ -222,11 +225,11 @@ class WorkerRuntime:
         ahead while the device is busy, see ``Device.held``), and runs them; with
         ``free_slot``, gives the batch's slot back before the device frees (to a batch waiting
         for it: ``BatchRun.free_slot``). The lock is held for the model only: answers are
-        built after it frees."""
+        built after it frees, and a model's ``postprocess`` made (``postprocessed``)."""
         stream = self.keys.stream(batch.model)
-        predict = self.device.timed(
-            batch.model, self.model(batch.model), self.batch_cap(batch.model)
-        )
+        model = self.model(batch.model)
+        predict = self.device.timed(batch.model, model, self.batch_cap(batch.model))
+        postprocesses = hasattr(model, "postprocess")
         reads = reads_late_joiners(runnable, fill_to)
         room = fill_to - len(runnable)
         ahead = ReadAhead(
@@ -238,7 +241,7 @@ class WorkerRuntime:
                 ready = [*runnable, *ahead.runnables]
                 arrived, confirm = self.device.claim(stream, ready, 0 if ahead.fresh() else fill_to)
                 on_device = [*ready, *batch.sort_late(arrived)]
-                runs = isolate_failures(predict, on_device) if on_device else []
+                runs = isolate_failures(predict, on_device, postprocesses) if on_device else []
                 if free_slot:
                     batch.free_slot(self.device)
                 return runs
