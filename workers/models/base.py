@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -50,9 +50,15 @@ class Model(Protocol):
     def predict(self, batch: Sequence[Any]) -> Sequence[Any]: ...
 
 
+def postprocess_of(model: Model) -> Callable[[Any], Sequence[Any]] | None:
+    """``model``'s ``postprocess`` (see ``Model``), or None when it has none."""
+    postprocess: Callable[[Any], Sequence[Any]] | None = getattr(model, "postprocess", None)
+    return postprocess
+
+
 def outputs_of(model: Model, batch: Sequence[Any]) -> list[Any]:
     """``model``'s outputs for ``batch``: ``predict``, then ``postprocess`` where the model
     has one (see ``Model``)."""
     raw = model.predict(batch)
-    postprocess = getattr(model, "postprocess", None)
+    postprocess = postprocess_of(model)
     return list(raw if postprocess is None else postprocess(raw))

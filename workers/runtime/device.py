@@ -42,7 +42,7 @@ from config.connection import send_now
 from config.keys import CONSUMER_GROUP
 from config.schema import Request
 from config.settings import Settings
-from workers.models.base import Model
+from workers.models.base import Model, postprocess_of
 from workers.protocol.batch_cap import BatchCap, is_out_of_memory
 from workers.protocol.capacity import SlotRelease
 from workers.protocol.entries import StreamEntry, entries_of
@@ -106,13 +106,16 @@ class GpuMemoryLow(Exception):
 
 @dataclass(frozen=True)
 class ModelRun:
-    """One ``predict`` call over ``runnables``: their outputs, or the error all of them share."""
+    """One ``predict`` call over ``runnables``: their outputs, or the error all of them share.
+    A model that postprocesses has what its device ``computed`` instead, until
+    ``postprocessed`` makes the outputs of it."""
 
     runnables: list[Runnable]
     outputs: list[Any]
     error: str | None
     model_s: float
     finished_at: float
+    computed: Any = None
 
 
 class Device:
@@ -341,12 +344,12 @@ def isolate_failures(
     """Runs ``runnables`` through ``predict`` (the caller holds the device); a failing group
     is halved and retried until each failure is pinned on single inputs. A soft time limit is
     not retried: it fails the group. For a model that ``postprocesses``, each run holds what
-    ``predict`` returned, for ``postprocessed`` to turn into outputs once the device is
-    free."""
+    ``predict`` returned (``computed``), for ``postprocessed`` to turn into outputs once the
+    device is free."""
     started = time.monotonic()
     try:
-        raw = predict([request.input for _, request in runnables])
-        outputs = raw if postprocesses else counted_outputs(raw, runnables)
+        computed = predict([request.input for _, request in runnables])
+        outputs = [] if postprocesses else counted_outputs(computed, runnables)
     except Exception as exc:
         if len(runnables) == 1 or isinstance(exc, SoftTimeLimitExceeded):
             return [failed_run(runnables, exc, time.monotonic() - started, time.time())]
@@ -354,7 +357,8 @@ def isolate_failures(
         return isolate_failures(predict, runnables[:middle], postprocesses) + isolate_failures(
             predict, runnables[middle:], postprocesses
         )
-    return [ModelRun(runnables, outputs, None, time.monotonic() - started, time.time())]
+    kept = computed if postprocesses else None
+    return [ModelRun(runnables, outputs, None, time.monotonic() - started, time.time(), kept)]
 
 
 def postprocessed(model: Model, runs: list[ModelRun]) -> list[ModelRun]:
@@ -362,14 +366,15 @@ def postprocessed(model: Model, runs: list[ModelRun]) -> list[ModelRun]:
     ``postprocess``, after the device is free (``runs`` as they are for a model without
     one). A run whose ``postprocess`` raises, or returns another count of outputs, fails
     whole."""
-    postprocess = getattr(model, "postprocess", None)
+    postprocess = postprocess_of(model)
     if postprocess is None:
         return runs
     finished = []
     for run in runs:
         if run.error is None:
             try:
-                run = replace(run, outputs=counted_outputs(postprocess(run.outputs), run.runnables))
+                outputs = counted_outputs(postprocess(run.computed), run.runnables)
+                run = replace(run, outputs=outputs, computed=None)
             except Exception as exc:
                 run = failed_run(run.runnables, exc, run.model_s, run.finished_at)
         finished.append(run)

@@ -18,7 +18,7 @@ from config.connection import connect
 from config.keys import Keys, device_consumer, worker_consumer
 from config.replica_wait import ReplicaWait
 from config.settings import Settings
-from workers.models.base import Model
+from workers.models.base import Model, postprocess_of
 from workers.models.registry import build_model
 from workers.protocol.batch_cap import BatchCap
 from workers.protocol.capacity import FleetState, GpuClaim, worker_member
@@ -229,7 +229,7 @@ class WorkerRuntime:
         stream = self.keys.stream(batch.model)
         model = self.model(batch.model)
         predict = self.device.timed(batch.model, model, self.batch_cap(batch.model))
-        postprocesses = hasattr(model, "postprocess")
+        postprocesses = postprocess_of(model) is not None
         reads = reads_late_joiners(runnable, fill_to)
         room = fill_to - len(runnable)
         ahead = ReadAhead(
