@@ -33,7 +33,7 @@ class Model(Protocol):
     ``max_batch_cost`` or ``group_by_cost`` in its policy the batcher calls it, on an instance
     it builds but never sets up, to form batches by what the device pays for (padding).
 
-    A model may also define ``postprocess(raw) -> outputs``: ``predict`` then returns what
+    A model may also define ``postprocess(computed) -> outputs``: ``predict`` then returns what
     the device computed for the batch, as it likes (a tensor, a tuple of them), and the
     worker turns it into the outputs (one per input, in order, as ``predict`` would have
     returned them) with ``postprocess`` once the device is free: the next batch's model call
@@ -59,6 +59,6 @@ def postprocess_of(model: Model) -> Callable[[Any], Sequence[Any]] | None:
 def outputs_of(model: Model, batch: Sequence[Any]) -> list[Any]:
     """``model``'s outputs for ``batch``: ``predict``, then ``postprocess`` where the model
     has one (see ``Model``)."""
-    raw = model.predict(batch)
+    computed = model.predict(batch)
     postprocess = postprocess_of(model)
-    return list(raw if postprocess is None else postprocess(raw))
+    return list(computed if postprocess is None else postprocess(computed))
