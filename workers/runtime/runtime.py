@@ -206,14 +206,12 @@ class WorkerRuntime:
             # between two of them the other slots' batches may take the device.
             for one in runnable:
                 with self.device.held():
-                    single = postprocessed(model, self._run_on_device(batch, [one], 0))
+                    single = self._run_on_device(batch, [one], 0)
                     batch.writer.finalize(answers_of(batch, single, model.version, self.hostname))
                     self._observe(batch.model, single)
         elif runnable or tops_up:
             fill_to = self.batch_cap(batch.model).current() if tops_up else 0
-            runs = postprocessed(
-                model, self._run_on_device(batch, runnable, fill_to, free_slot=True)
-            )
+            runs = self._run_on_device(batch, runnable, fill_to, free_slot=True)
         batch.finish(answers_of(batch, runs, model.version, self.hostname))
         self._observe(batch.model, runs)
         return len(runnable) + len(batch.late)
@@ -224,8 +222,9 @@ class WorkerRuntime:
         """Takes the device, tops ``runnable`` up to ``fill_to`` with late joiners (read
         ahead while the device is busy, see ``Device.held``), and runs them; with
         ``free_slot``, gives the batch's slot back before the device frees (to a batch waiting
-        for it: ``BatchRun.free_slot``). The lock is held for the model only: answers are
-        built after it frees, and a model's ``postprocess`` made (``postprocessed``)."""
+        for it: ``BatchRun.free_slot``). The lock is held for the model only: a model's
+        ``postprocess`` runs once it frees (``postprocessed``), and the caller builds the
+        answers after."""
         stream = self.keys.stream(batch.model)
         model = self.model(batch.model)
         predict = self.device.timed(batch.model, model, self.batch_cap(batch.model))
@@ -244,10 +243,10 @@ class WorkerRuntime:
                 runs = isolate_failures(predict, on_device, postprocesses) if on_device else []
                 if free_slot:
                     batch.free_slot(self.device)
-                return runs
         finally:
             if confirm is not None:
                 confirm()
+        return postprocessed(model, runs)
 
     def _observe(self, model_name: str, runs: Sequence[ModelRun]) -> None:
         """Tells the metrics of model calls whose answers are written."""
