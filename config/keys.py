@@ -39,10 +39,9 @@ key                         type    writer                    reader            
                             output
 ``M:stream_lane``           stream  producer (stream)         worker (streamers) entries XDEL'd
 ``M:chunks:{request_id}``   stream  worker (streaming)        producer           result_ttl_s
-``M:r:{request_id}``        string  producer (admission)      producer, worker   timeout + result
-                                                                                 TTL; result TTL
+``M:r:{request_id}``        string  producer (admission,      producer, worker   timeout + result
+                            +waiters waiting)                                    TTL; result TTL
                                                                                  once final
-``M:w:{request_id}``        set     producer (waiting)        worker (finalize)  as ``M:r:…``
 ``M:res:{request_id}``      string  worker, batcher           producer           result_ttl_s
 ``M:inbox:{producer_id}``   list    worker, batcher           producer (BLPOP)   result_ttl_s
 ``bf:model_of:{request_id}`` string producer (a caller's id)  producer           record's TTL +
@@ -196,12 +195,9 @@ class Keys:
         return f"{self._model(model)}:dead"
 
     def record(self, model: str, request_id: str) -> str:
-        """A request's admission record: its digest, and while queued its entry and model."""
+        """A request's admission record: its digest, while queued its entry and model, and the
+        inboxes of the producers waiting for its answer (``config/lua/waiters.lua``)."""
         return f"{self._model(model)}:r:{request_id}"
-
-    def waiters(self, model: str, request_id: str) -> str:
-        """The inboxes of the producers waiting for a request's result."""
-        return f"{self._model(model)}:w:{request_id}"
 
     def result(self, model: str, request_id: str) -> str:
         """A request's final result or error, written once."""

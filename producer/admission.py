@@ -26,6 +26,7 @@ from redis.commands.core import AsyncScript, Script
 
 from config import lua, stats_fields
 from config.errors import (
+    ConfigError,
     DeadlinePassed,
     InputTooLarge,
     InvalidInput,
@@ -135,6 +136,9 @@ class ProducerCore:
     def __init__(
         self, settings: Settings, producer_id: str | None = None, cancel_on_exit: bool = False
     ) -> None:
+        if producer_id is not None and not (producer_id and producer_id.isprintable()):
+            # Its inbox's name is a line of the admission records it waits on (waiters.lua).
+            raise ConfigError(f"invalid producer id {producer_id!r}: printable text only")
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.fleet = FleetPolicies(settings)
@@ -366,8 +370,6 @@ class ProducerCore:
         ]
         for item in chunk:
             keys += [item.record_key, item.result_key, self.keys.cache(model, item.digest)]
-            if waiting:
-                keys.append(self.keys.waiters(model, item.request_id))
             args += [item.digest, item.encoded, item.record_ttl_ms]
             args += [cached_result_head(item) if cached else "", item.result_ttl_ms]
         return keys, args
@@ -535,11 +537,7 @@ class ProducerCore:
         """The keys and args of one watch script call for ``request_ids`` of ``model``."""
         keys = []
         for request_id in request_ids:
-            keys += [
-                self.keys.result(model, request_id),
-                self.keys.record(model, request_id),
-                self.keys.waiters(model, request_id),
-            ]
+            keys += [self.keys.result(model, request_id), self.keys.record(model, request_id)]
         return keys, [self.inbox(model)]
 
     def stream_call(self, items: Sequence[Prepared]) -> tuple[list[str], list[str | int]]:
@@ -572,7 +570,6 @@ class ProducerCore:
         keys = [
             self.keys.record(model, request_id),
             self.keys.result(model, request_id),
-            self.keys.waiters(model, request_id),
             self.keys.stats(model),
             self.keys.stream(model),
         ]
@@ -742,12 +739,13 @@ class StreamReader:
 
 def queued_at(record: bytes | str | None) -> str:
     """The stream entry named in an admission record (``digest:entry:model``, as
-    ``admit.lua`` writes it while the request is queued); ``""`` for a record that holds the
-    digest alone (answered from the cache, or a streaming request) or none."""
+    ``admit.lua`` writes it while the request is queued, then a line per waiter); ``""`` for a
+    record that holds the digest alone (answered from the cache, or a streaming request) or
+    none."""
     if record is None:
         return ""
     text = record.decode() if isinstance(record, bytes) else record
-    parts = text.split(":", 2)
+    parts = text.split("\n", 1)[0].split(":", 2)
     return parts[1] if len(parts) == 3 else ""
 
 

@@ -4,14 +4,14 @@ registered with a sync or async redis-py client, or queued on a pipeline (``queu
 
 Each file opens with what the script does and names its KEYS and ARGV as locals. Every key
 a script touches comes in through KEYS, built by ``config.keys``, but for the inboxes an
-answer is pushed to (read from its waiters set, in the model's slot too); the keys of one call
-share one hash slot, as Redis Cluster requires. Stats field names come in through ARGV
+answer is pushed to (named in its admission record, in the model's slot too); the keys of one
+call share one hash slot, as Redis Cluster requires. Stats field names come in through ARGV
 (``config.stats_fields``).
 
 A line ``--#include NAME.lua`` is replaced by that file's text when the script is loaded
-(``publish_answer.lua``, shared by ``finalize`` and ``cancel``, and ``server_now.lua``, by
-the scripts that use Redis server time, are included that way; an included file may include
-another).
+(``publish_answer.lua``, shared by ``finalize`` and ``cancel``; ``waiters.lua``, by the
+scripts that add or read the waiters an admission record names; ``server_now.lua``, by the
+scripts that use Redis server time; an included file may include another).
 """
 
 from __future__ import annotations

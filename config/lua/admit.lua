@@ -11,18 +11,19 @@
 -- waiter of each request this call enqueues (as watch.lua would), so it need not watch them.
 -- Returns one status per request, in order.
 -- A request's record holds 'digest:entry id:model' while it is queued ('digest' alone for a
--- cache hit): the digest makes resubmission idempotent, the entry lets cancel find it.
+-- cache hit), then its waiters (waiters.lua): the digest makes resubmission idempotent, the
+-- entry lets cancel find it.
 -- A cache entry holds '<version's byte length>:<version><output JSON>' (config.schema's
 -- cache_entry): it answers only while that version is the model's current one.
+--#include waiters.lua
 
 local inbox = ARGV[11]  -- the waiting producer's inbox; '' for none
 local stream = KEYS[1]
 local stats = KEYS[2]
 local version_key = KEYS[3]
--- Then REQUEST_KEYS keys per request: its record, its result, its cache entry (and its
--- waiters, with an inbox).
-local HEADER_KEYS, REQUEST_KEYS = 3, (inbox ~= '' and 4 or 3)
-local RECORD, RESULT, CACHE_ENTRY, WAITERS = 1, 2, 3, 4
+-- Then REQUEST_KEYS keys per request: its record, its result, its cache entry.
+local HEADER_KEYS, REQUEST_KEYS = 3, 3
+local RECORD, RESULT, CACHE_ENTRY = 1, 2, 3
 
 local max_queue_len = tonumber(ARGV[1])
 local stream_field = ARGV[2]
@@ -107,11 +108,8 @@ for n, status in ipairs(statuses) do
   elseif status == 'new' then
     local entry = redis.call('XADD', stream, '*', stream_field, arg(n, REQUEST_JSON))
     local record = arg(n, DIGEST) .. ':' .. entry .. ':' .. model
+    if inbox ~= '' then record = record .. waiter_line(record, inbox) end
     redis.call('SET', key(n, RECORD), record, 'PX', arg(n, RECORD_TTL_MS))
-    if inbox ~= '' then
-      redis.call('SADD', key(n, WAITERS), inbox)
-      redis.call('PEXPIRE', key(n, WAITERS), arg(n, RECORD_TTL_MS))
-    end
     statuses[n] = 'accepted'
     accepted = accepted + 1
   end

@@ -10,9 +10,8 @@
 
 local record_key = KEYS[1]
 local result_key = KEYS[2]
-local waiters_key = KEYS[3]
-local stats = KEYS[4]
-local stream = KEYS[5]
+local stats = KEYS[3]
+local stream = KEYS[4]
 
 local record_read = ARGV[1]
 local result = ARGV[2]  -- the cancelled result's JSON
@@ -24,7 +23,7 @@ local cancelled_field = ARGV[6]  -- the stats field counting a cancelled request
 local record = redis.call('GET', record_key)
 if not record then return 'unknown' end
 if record ~= record_read then return 'changed' end
-local inboxes = publish_answer(result_key, record_key, waiters_key, result, ttl_ms)
+local inboxes = publish_answer(result_key, record_key, record, result, ttl_ms)
 if not inboxes then return 'final' end
 local pushes = {}
 add_pushes(pushes, inboxes, result, ttl_ms)

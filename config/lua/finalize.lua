@@ -13,9 +13,10 @@ local stream = KEYS[1]
 local attempts = KEYS[2]
 local stats = KEYS[3]
 local latencies = KEYS[4]
--- Then ANSWER_KEYS keys per answer: its result, its admission record, its waiters.
-local HEADER_KEYS, ANSWER_KEYS = 4, 3
-local RESULT_KEY, RECORD_KEY, WAITERS_KEY = 1, 2, 3
+-- Then ANSWER_KEYS keys per answer: its result, its admission record (which names its
+-- waiters, waiters.lua).
+local HEADER_KEYS, ANSWER_KEYS = 4, 2
+local RESULT_KEY, RECORD_KEY = 1, 2
 
 local group = ARGV[1]
 local recent_kept = tonumber(ARGV[2])  -- latency samples the list keeps
@@ -37,7 +38,7 @@ for n = 1, answers do
     statuses[n] = 'stale'
   else
     local result, ttl_ms = arg(n, RESULT), arg(n, TTL_MS)
-    local inboxes = publish_answer(key(n, RESULT_KEY), key(n, RECORD_KEY), key(n, WAITERS_KEY), result, ttl_ms)
+    local inboxes = publish_answer(key(n, RESULT_KEY), key(n, RECORD_KEY), record, result, ttl_ms)
     if inboxes then
       statuses[n] = 'written'
       counts[arg(n, ANSWER_FIELD)] = (counts[arg(n, ANSWER_FIELD)] or 0) + 1

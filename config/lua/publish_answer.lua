@@ -1,19 +1,18 @@
 --#include server_now.lua
+--#include waiters.lua
 
--- Publishes a request's final answer, first write wins: stores the result unless one exists,
--- keeps the admission record exactly as long as the result and forgets the waiters. Included
--- by finalize.lua and cancel.lua.
+-- Publishes a request's final answer, first write wins: stores the result unless one exists
+-- and keeps the admission record ('record', as just read; false when there is none) exactly as
+-- long as the result. Included by finalize.lua and cancel.lua.
 -- Returns the inboxes of the producers waiting for it (push_answers sends the result there),
 -- or false when the request had its answer already.
-local function publish_answer(result_key, record_key, waiters_key, result, ttl_ms)
+local function publish_answer(result_key, record_key, record, result, ttl_ms)
   -- One absolute expiry for both: a record outliving its result by a millisecond would leave
   -- a caller who asks in that millisecond waiting for an answer that never comes.
   local expire_at_ms = string.format('%d', math.floor(server_now() * 1000) + tonumber(ttl_ms))
   if not redis.call('SET', result_key, result, 'NX', 'PXAT', expire_at_ms) then return false end
-  redis.call('PEXPIREAT', record_key, expire_at_ms)
-  local inboxes = redis.call('SMEMBERS', waiters_key)
-  if #inboxes > 0 then redis.call('DEL', waiters_key) end
-  return inboxes
+  if record then redis.call('PEXPIREAT', record_key, expire_at_ms) end
+  return waiters_of(record)
 end
 
 -- Pushes published answers to their waiters' inboxes, one LPUSH per inbox for all of its

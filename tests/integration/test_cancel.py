@@ -19,6 +19,7 @@ from config.errors import RequestCancelled, UnknownRequest
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from producer.async_client import AsyncProducer
 from producer.client import Producer
+from tests.waiters import names_waiter
 from workers.local.local_fleet import LocalFleet
 
 from .conftest import settings_for, wait_ready
@@ -146,8 +147,9 @@ def test_cancelling_the_task_that_awaits_a_result_cancels_the_request(
             # No worker runs: only the cancel can end this wait, however slow the machine.
             waiting = asyncio.create_task(producer.result(request_id, timeout_s=3600))
             give_up = time.monotonic() + 60
-            while not await client.exists(
-                keys.waiters("synthetic", request_id)
+            inbox = keys.inbox("synthetic", producer.producer_id)
+            while not names_waiter(
+                await client.get(keys.record("synthetic", request_id)), inbox
             ):  # the caller waits now
                 assert time.monotonic() < give_up, "the caller never started waiting"
                 await asyncio.sleep(0.01)

@@ -113,6 +113,19 @@ def entry_of(client: redis.Redis, item: Prepared) -> str:
     return to_text(client.get(item.record_key)).split(":")[1]
 
 
+def wait_for(client: redis.Redis, core: ProducerCore, inbox: str, *items: Prepared) -> None:
+    """Registers ``inbox`` as a waiter of ``items`` (pending ones), as a producer's watch
+    call does."""
+    call_keys, _ = core.watch_call(MODEL, [item.request_id for item in items])
+    lua.register(client, "watch")(keys=call_keys, args=[inbox])
+
+
+def inbox_outputs(client: redis.Redis, keys: Keys, producer: str) -> list[Any]:
+    """The outputs of the answers pushed to ``producer``'s inbox, sorted."""
+    raws = client.lrange(keys.inbox(MODEL, producer), 0, -1)
+    return sorted(Result.decode(raw).output for raw in raws)
+
+
 # ADMIT
 
 
@@ -285,8 +298,8 @@ def test_admit_for_a_waiting_producer_makes_it_the_waiter_of_what_it_enqueues(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:
     """Admitted ``waiting`` (``infer``), each request enqueued has the producer's inbox as its
-    waiter, as long as its record, and its answer is pushed there with no watch call; a
-    request already queued does not (the producer watches it)."""
+    waiter, and its answer is pushed there with no watch call; a request already queued does
+    not (the producer watches it)."""
     queued = prepare(core, "a", ids=["queued"])
     admit(store, core, queued)
     chunk = [*prepare(core, "a", ids=["queued"]), *prepare(core, "b")]
@@ -294,11 +307,9 @@ def test_admit_for_a_waiting_producer_makes_it_the_waiter_of_what_it_enqueues(
     assert statuses == ["duplicate", "accepted"]
     fresh = chunk[1]
     assert core.enqueued(chunk, statuses) == {fresh.request_id}
-    assert store.smembers(keys.waiters(MODEL, fresh.request_id)) == {core.inbox(MODEL).encode()}
-    assert 0 < store.pttl(keys.waiters(MODEL, fresh.request_id)) <= fresh.record_ttl_ms
-    assert not store.exists(keys.waiters(MODEL, "queued"))
 
-    ResultWriter(store, keys, MODEL).finalize([answer(fresh, entry_of(store, fresh))])
+    answers = [answer(item, entry_of(store, item)) for item in (queued[0], fresh)]
+    assert ResultWriter(store, keys, MODEL).finalize(answers) == ["written", "written"]
     (pushed,) = store.lrange(core.inbox(MODEL), 0, -1)
     assert Result.decode(pushed).output == ["out", "b"]
 
@@ -306,20 +317,24 @@ def test_admit_for_a_waiting_producer_makes_it_the_waiter_of_what_it_enqueues(
 def test_watch_answers_done_pending_or_unknown(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:
-    """A pending request registers the producer's inbox as a waiter (as long as its record);
-    an answered one returns the result; an id without a record is unknown."""
+    """A pending request registers the producer's inbox as a waiter, once however often it
+    watches, and its answer is pushed there once; an answered one returns the result, and
+    nothing is pushed for it; an id without a record is unknown."""
     watch = lua.register(store, "watch")
     done, pending = prepare(core, "a", "b")
     admit(store, core, [done, pending])
-    ResultWriter(store, keys, MODEL).finalize([answer(done, entry_of(store, done))])
+    writer = ResultWriter(store, keys, MODEL)
+    writer.finalize([answer(done, entry_of(store, done))])
     ids = [done.request_id, pending.request_id]
-    call_keys, args = core.watch_call(MODEL, ids)
-    result, waiting = core.read_watch(ids, watch(keys=call_keys, args=args))
-    assert result is not None and result.output == ["out", "a"]
-    assert waiting is None
-    assert store.smembers(keys.waiters(MODEL, pending.request_id)) == {core.inbox(MODEL).encode()}
-    assert 0 < store.pttl(keys.waiters(MODEL, pending.request_id)) <= pending.record_ttl_ms
-    assert not store.exists(keys.waiters(MODEL, done.request_id))
+    for _ in range(2):
+        call_keys, args = core.watch_call(MODEL, ids)
+        result, waiting = core.read_watch(ids, watch(keys=call_keys, args=args))
+        assert result is not None and result.output == ["out", "a"]
+        assert waiting is None
+    assert 0 < store.pttl(pending.record_key) <= pending.record_ttl_ms
+    writer.finalize([answer(pending, entry_of(store, pending))])
+    (pushed,) = store.lrange(core.inbox(MODEL), 0, -1)
+    assert Result.decode(pushed).output == ["out", "b"]
 
     ids = [pending.request_id, "never"]
     call_keys, args = core.watch_call(MODEL, ids)
@@ -396,14 +411,13 @@ def test_cancel_removes_a_request_no_batcher_has_read(
     store.xgroup_create(keys.stream(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
     (item,) = prepare(core, "a")
     admit(store, core, [item])
-    store.sadd(keys.waiters(MODEL, item.request_id), keys.inbox(MODEL, "p1"))
+    wait_for(store, core, keys.inbox(MODEL, "p1"), item)
     assert producer.cancel(item.request_id) is True
     assert store.xlen(keys.stream(MODEL)) == 0
     result = Result.decode(store.get(item.result_key))
     assert result.error is not None and result.error.code == "cancelled"
     assert result.model == MODEL
     assert Result.decode(store.lpop(keys.inbox(MODEL, "p1"))).request_id == item.request_id
-    assert not store.exists(keys.waiters(MODEL, item.request_id))
     # The record now expires with the answer (one script set both to the result TTL), no
     # longer a request lifetime later; read in one round trip, the two differ by at most the
     # milliseconds between the reads.
@@ -478,10 +492,9 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     first, second = queued(store, core, keys, "a", "b")
     entry = entry_of(store, first)
     store.hset(keys.attempts(MODEL), entry, 1)
-    store.sadd(keys.waiters(MODEL, first.request_id), keys.inbox(MODEL, "p1"))
+    wait_for(store, core, keys.inbox(MODEL, "p1"), first)
     assert writer.finalize([answer(first, entry)]) == ["written"]
     assert Result.decode(store.lpop(keys.inbox(MODEL, "p1"))).output == ["out", "a"]
-    assert not store.exists(keys.waiters(MODEL, first.request_id))
     assert store.pttl(first.record_key) <= 60_000
     assert not store.hexists(keys.attempts(MODEL), entry)
 
@@ -489,6 +502,7 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     late = error_answer(request, entry, "model_error", "late", ttl_s=60)
     assert writer.finalize([late]) == ["duplicate"]
     assert Result.decode(store.get(first.result_key)).output == ["out", "a"]
+    assert store.llen(keys.inbox(MODEL, "p1")) == 0
 
     other_entry = entry_of(store, second)
     store.set(second.record_key, "another digest")
@@ -533,19 +547,15 @@ def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
     entries = [entry_of(store, item) for item in items]
     first, second, third = items
     assert writer.finalize([answer(first, entries[0])]) == ["written"]
-    for item in items:
-        store.sadd(keys.waiters(MODEL, item.request_id), keys.inbox(MODEL, "p1"))
-    store.sadd(keys.waiters(MODEL, second.request_id), keys.inbox(MODEL, "p2"))
+    wait_for(store, core, keys.inbox(MODEL, "p1"), *items)
+    wait_for(store, core, keys.inbox(MODEL, "p2"), second)
 
     answers = [answer(item, entry) for item, entry in zip(items, entries, strict=True)]
     assert writer.finalize(answers) == ["duplicate", "written", "written"]
 
-    def inbox(producer: str) -> list[Any]:
-        raws = store.lrange(keys.inbox(MODEL, producer), 0, -1)
-        return sorted(Result.decode(raw).output for raw in raws)
-
-    assert inbox("p1") == [["out", "b"], ["out", "c"]]  # "a" had its answer before p1 waited
-    assert inbox("p2") == [["out", "b"]]
+    # "a" had its answer before p1 waited
+    assert inbox_outputs(store, keys, "p1") == [["out", "b"], ["out", "c"]]
+    assert inbox_outputs(store, keys, "p2") == [["out", "b"]]
     assert 0 < store.pttl(keys.inbox(MODEL, "p1")) <= 60_000
     assert Result.decode(store.get(third.result_key)).output == ["out", "c"]
     assert store.xlen(keys.stream(MODEL)) == 0

@@ -10,6 +10,7 @@ import fakeredis
 import pytest
 
 from config.errors import (
+    ConfigError,
     DeadlinePassed,
     InputTooLarge,
     InvalidInput,
@@ -20,9 +21,10 @@ from config.errors import (
     UnknownRequest,
 )
 from config.keys import Keys
-from config.schema import STREAM_FIELD, Request
+from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
 from producer.client import Producer
+from workers.protocol.results import Answer, ResultWriter
 
 STREAM = Keys("bf").stream("synthetic")
 
@@ -38,6 +40,32 @@ def test_submit_enqueues_one_entry_and_returns_an_id(
     request_id = producer.submit("synthetic", {"text": "hi"})
     assert queued(fake_redis) == 1
     assert fake_redis.exists(Keys("bf").record("synthetic", request_id))
+
+
+@pytest.mark.parametrize("producer_id", ["", "two\nlines", "tab\there"])
+def test_a_producer_id_must_be_printable_text(
+    settings: Settings, fake_redis: fakeredis.FakeRedis, producer_id: str
+) -> None:
+    """Its inbox's name is a line of each admission record it waits on: an id that is
+    empty or breaks the line is refused when the producer is made, before any request."""
+    with pytest.raises(ConfigError, match="producer id"):
+        Producer(settings, client=fake_redis, listen_client=fake_redis, producer_id=producer_id)
+
+
+def test_a_named_producer_is_woken_by_its_answers(
+    settings: Settings, fake_redis: fakeredis.FakeRedis
+) -> None:
+    """A producer with an id of its own (spaces allowed) is named the waiter of what it
+    submits, and the answer written for it reaches its ``result``."""
+    listen = fakeredis.FakeRedis(server=fake_redis.connection_pool.connection_kwargs["server"])
+    with Producer(
+        settings, client=fake_redis, listen_client=listen, producer_id="billing job 7"
+    ) as producer:
+        request_id = producer.submit("synthetic", 1)
+        result = Result(request_id=request_id, model="synthetic", output=2, finished_at=0)
+        answer = Answer.of("", result, digest="", ttl_s=60)
+        assert ResultWriter(fake_redis, Keys("bf"), "synthetic").finalize([answer]) == ["written"]
+        assert producer.result(request_id, timeout_s=30) == 2
 
 
 def test_submit_many_gives_each_request_an_id_of_its_own(

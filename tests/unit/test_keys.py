@@ -19,7 +19,6 @@ def test_every_key_has_its_exact_string() -> None:
     assert keys.batch_cap("m") == "bf:{m:m}:batch_cap"
     assert keys.dead_letter("m") == "bf:{m:m}:dead"
     assert keys.record("m", "r1") == "bf:{m:m}:r:r1"
-    assert keys.waiters("m", "r1") == "bf:{m:m}:w:r1"
     assert keys.result("m", "r1") == "bf:{m:m}:res:r1"
     assert keys.chunks("m", "r1") == "bf:{m:m}:chunks:r1"
     assert keys.inbox("m", "p1") == "bf:{m:m}:inbox:p1"

@@ -20,6 +20,7 @@ from config.settings import Settings
 from producer.async_client import AsyncProducer
 from producer.client import Producer
 from tests.chaos.harness import wait_until
+from tests.waiters import names_waiter
 
 KEYS = Keys("bf")
 STREAM = KEYS.stream("synthetic")
@@ -148,7 +149,12 @@ def test_results_popped_with_a_lost_reply_are_read_from_where_they_are_stored(
         got: list[Result] = []
         waiter = threading.Thread(target=lambda: got.extend(producer.results(ids, timeout_s=30)))
         waiter.start()
-        wait_until(lambda: all(fake_redis.exists(KEYS.waiters("synthetic", i)) for i in ids))
+        inbox = KEYS.inbox("synthetic", producer.producer_id)
+        wait_until(
+            lambda: all(
+                names_waiter(fake_redis.get(KEYS.record("synthetic", i)), inbox) for i in ids
+            )
+        )
         for request_id in ids:  # as the finalize script writes a batch's answers
             fake_redis.set(KEYS.result("synthetic", request_id), answer(request_id))
         fake_redis.lpush(KEYS.inbox("synthetic", producer.producer_id), *(answer(i) for i in ids))
@@ -198,7 +204,9 @@ def test_the_async_producer_reads_what_a_lost_reply_popped(settings: Settings) -
         async with AsyncProducer(settings, client=client, listen_client=listen) as producer:
             ids = await producer.submit_many("synthetic", [1, 2, 3])
             waiting = asyncio.create_task(collect(producer.results(ids, timeout_s=30)))
-            while not all([await client.exists(KEYS.waiters("synthetic", i)) for i in ids]):
+            inbox = KEYS.inbox("synthetic", producer.producer_id)
+            records = [KEYS.record("synthetic", i) for i in ids]
+            while not all([names_waiter(await client.get(r), inbox) for r in records]):
                 await asyncio.sleep(0.01)
             for request_id in ids:
                 await client.set(KEYS.result("synthetic", request_id), answer(request_id))

@@ -20,6 +20,7 @@ from config.schema import Result
 from config.settings import ModelPolicy, Settings
 from producer.async_client import AsyncProducer
 from producer.client import Producer
+from tests.waiters import names_waiter
 from workers.protocol.results import Answer, ResultWriter
 
 KEYS = Keys("bf")
@@ -103,7 +104,8 @@ def test_one_wait_gets_the_answers_of_several_models(
     waiter.start()
     client = fakeredis.FakeRedis(server=server)
     for model, request_id in ids.items():
-        while not client.exists(KEYS.waiters(model, request_id)):  # the producer waits now
+        inbox = KEYS.inbox(model, producer.producer_id)
+        while not names_waiter(client.get(KEYS.record(model, request_id)), inbox):  # it waits now
             waiter.join(timeout=0.01)
         answer(server, model, request_id)
     waiter.join(timeout=30)

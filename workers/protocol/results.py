@@ -176,7 +176,6 @@ class ResultWriter:
                 keys += [
                     self._keys.result(self._model, answer.request_id),
                     self._keys.record(self._model, answer.request_id),
-                    self._keys.waiters(self._model, answer.request_id),
                 ]
                 args += [answer.payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
                 args += [answer.counted_as, answer.latency]

@@ -1,0 +1,19 @@
+-- A request's waiters live in its admission record (admit.lua): after what admit.lua writes,
+-- one line per producer waiting for its answer, holding that producer's inbox. So they last
+-- exactly as long as the record, and the read of a record for its digest names them too.
+-- An inbox's name holds no line break (model names and producer ids are printable).
+-- Included by admit.lua, watch.lua and publish_answer.lua.
+
+-- The line that adds 'inbox' to the waiters of 'record', or '' when it names it already.
+local function waiter_line(record, inbox)
+  if string.find(record .. '\n', '\n' .. inbox .. '\n', 1, true) then return '' end
+  return '\n' .. inbox
+end
+
+-- The inboxes of the producers waiting for a request, from its admission record (or none).
+local function waiters_of(record)
+  local inboxes = {}
+  if not record then return inboxes end
+  for inbox in string.gmatch(record, '\n([^\n]+)') do table.insert(inboxes, inbox) end
+  return inboxes
+end
