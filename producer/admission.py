@@ -367,11 +367,14 @@ class ProducerCore:
             stats_fields.CACHE_MISS,
             "1" if one_by_one else "",
             self.inbox(model) if waiting else "",
+            int(policy.result_ttl_s * 1000),
         ]
         for item in chunk:
-            keys += [item.record_key, item.result_key, self.keys.cache(model, item.digest)]
+            keys.append(item.record_key)
             args += [item.digest, item.encoded, item.record_ttl_ms]
-            args += [cached_result_head(item) if cached else "", item.result_ttl_ms]
+            if cached:  # a model without a cache never reads these
+                keys += [item.result_key, self.keys.cache(model, item.digest)]
+                args.append(cached_result_head(item))
         return keys, args
 
     def queue_claims(

@@ -17,17 +17,18 @@
 -- cache_entry): it answers only while that version is the model's current one.
 --#include waiters.lua
 
+local use_cache = ARGV[3] == '1'
 local inbox = ARGV[11]  -- the waiting producer's inbox; '' for none
 local stream = KEYS[1]
 local stats = KEYS[2]
 local version_key = KEYS[3]
--- Then REQUEST_KEYS keys per request: its record, its result, its cache entry.
-local HEADER_KEYS, REQUEST_KEYS = 3, 3
+-- Then REQUEST_KEYS keys per request: its record (and with a cache, its result and its cache
+-- entry).
+local HEADER_KEYS, REQUEST_KEYS = 3, (use_cache and 3 or 1)
 local RECORD, RESULT, CACHE_ENTRY = 1, 2, 3
 
 local max_queue_len = tonumber(ARGV[1])
 local stream_field = ARGV[2]
-local use_cache = ARGV[3] == '1'
 local model = ARGV[4]
 local accepted_field = ARGV[5]
 local id_conflict_field = ARGV[6]
@@ -35,11 +36,12 @@ local queue_full_field = ARGV[7]
 local cache_hit_field = ARGV[8]
 local cache_miss_field = ARGV[9]
 local one_by_one = ARGV[10] == '1'
--- Then REQUEST_ARGS args per request: its digest, its request JSON, its record's TTL (ms), the
--- start of its result when answered from the cache (this script appends the model version
--- and the output; '' for a model without a cache), its result's TTL (ms).
-local HEADER_ARGS, REQUEST_ARGS = 11, 5
-local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD, RESULT_TTL_MS = 1, 2, 3, 4, 5
+local cached_ttl_ms = ARGV[12]  -- the TTL of a result answered from the cache
+-- Then REQUEST_ARGS args per request: its digest, its request JSON, its record's TTL (ms) (and
+-- with a cache, the start of its result when answered from there: this script appends the
+-- model version and the output).
+local HEADER_ARGS, REQUEST_ARGS = 12, (use_cache and 4 or 3)
+local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD = 1, 2, 3, 4
 
 local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * REQUEST_KEYS + which] end
 local function arg(n, which) return ARGV[HEADER_ARGS + (n - 1) * REQUEST_ARGS + which] end
@@ -100,10 +102,9 @@ end
 local accepted, cached = 0, 0
 for n, status in ipairs(statuses) do
   if status == 'cached' then
-    local ttl_ms = arg(n, RESULT_TTL_MS)
-    redis.call('SET', key(n, RECORD), arg(n, DIGEST), 'PX', ttl_ms)
+    redis.call('SET', key(n, RECORD), arg(n, DIGEST), 'PX', cached_ttl_ms)
     local result = arg(n, CACHED_HEAD) .. cjson.encode(version) .. ',"output":' .. hits[n] .. '}'
-    redis.call('SET', key(n, RESULT), result, 'PX', ttl_ms)
+    redis.call('SET', key(n, RESULT), result, 'PX', cached_ttl_ms)
     cached = cached + 1
   elseif status == 'new' then
     local entry = redis.call('XADD', stream, '*', stream_field, arg(n, REQUEST_JSON))
