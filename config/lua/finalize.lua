@@ -20,11 +20,12 @@ local RESULT_KEY, RECORD_KEY = 1, 2
 
 local group = ARGV[1]
 local recent_kept = tonumber(ARGV[2])  -- latency samples the list keeps
+local ttl_ms = ARGV[3]  -- the results' TTL
 -- Then ANSWER_ARGS args per answer: the result JSON, the digest ('' writes whatever the
--- record holds), the result's TTL (ms), the stream entry it closes ('' for none), the stats
--- field counting it, its latency sample ('' for none).
-local HEADER_ARGS, ANSWER_ARGS = 2, 6
-local RESULT, DIGEST, TTL_MS, ENTRY, ANSWER_FIELD, LATENCY = 1, 2, 3, 4, 5, 6
+-- record holds), the stream entry it closes ('' for none), the stats field counting it, its
+-- latency sample ('' for none).
+local HEADER_ARGS, ANSWER_ARGS = 3, 5
+local RESULT, DIGEST, ENTRY, ANSWER_FIELD, LATENCY = 1, 2, 3, 4, 5
 
 local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * ANSWER_KEYS + which] end
 local function arg(n, which) return ARGV[HEADER_ARGS + (n - 1) * ANSWER_ARGS + which] end
@@ -37,7 +38,7 @@ for n = 1, answers do
   if digest ~= '' and (not record or string.sub(record, 1, #digest) ~= digest) then
     statuses[n] = 'stale'
   else
-    local result, ttl_ms = arg(n, RESULT), arg(n, TTL_MS)
+    local result = arg(n, RESULT)
     local inboxes = publish_answer(key(n, RESULT_KEY), key(n, RECORD_KEY), record, result, ttl_ms)
     if inboxes then
       statuses[n] = 'written'

@@ -6,10 +6,15 @@
 -- long as the result. Included by finalize.lua and cancel.lua.
 -- Returns the inboxes of the producers waiting for it (push_answers sends the result there),
 -- or false when the request had its answer already.
+local expiries_at_ms = {}  -- by TTL: the answers of one call expire together
 local function publish_answer(result_key, record_key, record, result, ttl_ms)
   -- One absolute expiry for both: a record outliving its result by a millisecond would leave
   -- a caller who asks in that millisecond waiting for an answer that never comes.
-  local expire_at_ms = string.format('%d', math.floor(server_now() * 1000) + tonumber(ttl_ms))
+  local expire_at_ms = expiries_at_ms[ttl_ms]
+  if not expire_at_ms then
+    expire_at_ms = string.format('%d', math.floor(server_now() * 1000) + tonumber(ttl_ms))
+    expiries_at_ms[ttl_ms] = expire_at_ms
+  end
   if not redis.call('SET', result_key, result, 'NX', 'PXAT', expire_at_ms) then return false end
   if record then redis.call('PEXPIREAT', record_key, expire_at_ms) end
   return waiters_of(record)

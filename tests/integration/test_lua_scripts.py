@@ -536,6 +536,26 @@ def test_an_answer_and_its_record_expire_at_the_same_moment(
     assert min(expiries) > 0
 
 
+def test_answers_of_different_ttls_each_keep_theirs_in_order(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A call's answers share a TTL in the script's call: answers of several are written in
+    as many calls, each result (and its record) living its own, the statuses in order."""
+    writer = ResultWriter(store, keys, MODEL)
+    items = queued(store, core, keys, "a", "b", "c")
+    ttls_s = [60, 600, 60]
+    answers = [
+        answer(item, entry_of(store, item))._replace(ttl_s=ttl_s)
+        for item, ttl_s in zip(items, ttls_s, strict=True)
+    ]
+    assert writer.finalize([answers[0]]) == ["written"]
+    assert writer.finalize(answers) == ["duplicate", "written", "written"]
+    for item, ttl_s in zip(items, ttls_s, strict=True):
+        for key in (item.result_key, item.record_key):
+            assert (ttl_s - 30) * 1000 < store.pttl(key) <= ttl_s * 1000
+    assert store.xlen(keys.stream(MODEL)) == 0
+
+
 def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:

@@ -9,9 +9,11 @@ back one that has expired.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import redis
@@ -164,22 +166,25 @@ class ResultWriter:
             self._cache_outputs(pipe, answers)
             pipe.execute()
         statuses = []
-        for start in range(0, len(answers), FINALIZE_CHUNK):
-            keys = [
-                self._keys.stream(self._model),
-                self._keys.attempts(self._model),
-                self._keys.stats(self._model),
-                self._keys.latencies(self._model),
-            ]
-            args: list[str | int] = [CONSUMER_GROUP, RECENT_LATENCIES]
-            for answer in answers[start : start + FINALIZE_CHUNK]:
-                keys += [
-                    self._keys.result(self._model, answer.request_id),
-                    self._keys.record(self._model, answer.request_id),
+        # One call per FINALIZE_CHUNK answers of one TTL (a model's answers share its TTL).
+        for ttl_s, same_ttl in itertools.groupby(answers, key=attrgetter("ttl_s")):
+            group = list(same_ttl)
+            for start in range(0, len(group), FINALIZE_CHUNK):
+                keys = [
+                    self._keys.stream(self._model),
+                    self._keys.attempts(self._model),
+                    self._keys.stats(self._model),
+                    self._keys.latencies(self._model),
                 ]
-                args += [answer.payload, answer.digest, int(answer.ttl_s * 1000), answer.entry_id]
-                args += [answer.counted_as, answer.latency]
-            statuses += self._write(keys, args)
+                args: list[str | int] = [CONSUMER_GROUP, RECENT_LATENCIES, int(ttl_s * 1000)]
+                for answer in group[start : start + FINALIZE_CHUNK]:
+                    keys += [
+                        self._keys.result(self._model, answer.request_id),
+                        self._keys.record(self._model, answer.request_id),
+                    ]
+                    args += [answer.payload, answer.digest, answer.entry_id, answer.counted_as]
+                    args.append(answer.latency)
+                statuses += self._write(keys, args)
         return [status.decode() if isinstance(status, bytes) else status for status in statuses]
 
     def _write(self, keys: list[Any], args: list[Any]) -> list[Any]:
