@@ -5,7 +5,9 @@ process whose keys span more than one hash slot (Redis Cluster refuses those).
 
 Every process the suite starts carries ``SESSION_MARK`` in its environment, and every temp
 folder lands in one folder of the session's own; both are checked after each test and
-cleared when the session ends, also when a test failed.
+cleared when the session ends, also when a test failed. Every process also has the project
+root on its ``PYTHONPATH``: fleet processes load test-only models and scripts
+(``tests.chaos.ledger_model``…) by module name, wherever pytest runs from.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TMPDIR"] = session_tmp
     tempfile.tempdir = session_tmp
     os.environ[SESSION_MARK] = uuid.uuid4().hex
+    inherited = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT.parent), *([inherited] if inherited else [])]
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
