@@ -4,9 +4,10 @@ Run: .venv/bin/python benchmarks/hot_paths.py [--batch-size 32] [--repeats 7]
 For a batch of the synthetic model's requests it times, in this process with ``timeit``
 (the best of ``--repeats`` rounds, so that a busy machine moves the figures less than it moves
 ``pipeline_cpu.py``'s), each step the producer, the batcher and the worker take in Python:
-validating and encoding the requests and their admission call, decoding the stream entries,
-building the task message and decoding it as the worker's Celery does, building the answers
-and the finalize call, the worker's metrics, and decoding the results. Redis, the sockets
+validating and encoding the requests and their admission call, decoding the stream entries
+(the batcher's read and the worker's claim), building the task message and decoding it as
+the worker's Celery does, building the answers and the finalize call, the worker's metrics,
+and decoding the results. Redis, the sockets
 and Celery's loop are not in it: ``pipeline_cpu.py`` measures the whole. It prints µs per
 batch and per request, by process.
 """
@@ -77,7 +78,7 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
         (f"1764740000000-{n}".encode(), {STREAM_FIELD.encode(): item.encoded.encode()})
         for n, item in enumerate(prepared)
     ]
-    pairs = [[f"1764740000000-{n}", item.encoded] for n, item in enumerate(prepared)]
+    pairs = [[f"1764740000000-{n}", item.request_id] for n, item in enumerate(prepared)]
     task = BatchTask(MODEL, "b-1", pairs, "size")
     message = batch_message(task, Keys(settings.key_prefix).celery_queue(MODEL))
     requests = [request for _, _, request in read_entries(stream_entries, MODEL, 600).decoded]
@@ -100,7 +101,7 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
         ("batcher", "decode stream entries", lambda: read_entries(stream_entries, MODEL, 600)),
         ("batcher", "task message", lambda: batch_message(task, "q")),
         ("worker", "task message decode (as Celery)", celery_decode),
-        ("worker", "decode the task's entries", lambda: batch.read(pairs)),
+        ("worker", "decode the claimed entries", lambda: read_entries(stream_entries, MODEL, 600)),
         ("worker", "answers", lambda: answers_of(batch, [run], version, WORKER)),
         ("worker", "finalize call (keys, args)", lambda: writer.finalize(answers)),
         ("worker", "metrics", lambda: metrics.observe_run(MODEL, requests, 0.0026, 0.0)),

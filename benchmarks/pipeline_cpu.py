@@ -2,9 +2,11 @@
 
 Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
      [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256 | --one-at-a-time] [--unix]
+     [--input-chars N]
 For each max batch size it starts a private fleet (its own redis-server, reached on loopback
 TCP or with ``--unix`` on its Unix socket; a batcher, one CPU worker serving the synthetic
-model), sends the requests with ``Producer.submit_many`` and
+model), sends the requests (``--input-chars``: each input text padded to that many characters,
+which the model echoes back) with ``Producer.submit_many`` and
 collects them with ``results`` (with ``--infer``: one ``Producer.infer`` call, whose
 admission makes the producer the requests' waiter, with no watch call; with ``--callers N``:
 N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``; with
@@ -136,7 +138,7 @@ def measure(
             calls_before = command_calls(server)
             batches_before = batches_sent(fleet)
             started = time.monotonic()
-            inputs = [f"request {n}" for n in range(args.requests)]
+            inputs = [f"request {n}".ljust(args.input_chars, "x") for n in range(args.requests)]
             if args.callers:
                 asyncio.run(closed_loop(fleet.settings, inputs, args.callers))
             else:
@@ -182,6 +184,9 @@ def main() -> None:
     parser.add_argument("--base-ms", type=float, default=2.0)
     parser.add_argument("--per-item-ms", type=float, default=0.02)
     parser.add_argument(
+        "--input-chars", type=int, default=0, help="pad each input text to this many characters"
+    )
+    parser.add_argument(
         "--unix", action="store_true", help="reach Redis on its Unix socket, not loopback TCP"
     )
     how = parser.add_mutually_exclusive_group()
@@ -196,7 +201,8 @@ def main() -> None:
     roles = ("batcher", "worker", "redis-server", "producer")
     print(
         f"{args.requests} requests, synthetic model {args.base_ms} ms + {args.per_item_ms} "
-        f"ms/item, one CPU worker, Redis on {'a Unix socket' if args.unix else 'loopback TCP'}; "
+        f"ms/item, inputs of {args.input_chars or 'about 10'} characters, one CPU worker, "
+        f"Redis on {'a Unix socket' if args.unix else 'loopback TCP'}; "
         "CPU (user + system) by process; "
         + (
             f"AsyncProducer, {args.callers} callers each submit then result"

@@ -2,8 +2,9 @@
 
 JSON only (the Celery app accepts nothing else). The arguments are positional, in the order of
 ``BatchTask``'s fields: the model, the batch id, the batch's entries as
-``[stream entry id, raw request JSON]`` pairs, and the flush reason (``size``, ``wait``,
-``isolated``…, or null). The stream stays the ledger: the task only says which entries to run.
+``[stream entry id, request id]`` pairs, and the flush reason (``size``, ``wait``,
+``isolated``…, or null). The stream stays the ledger: the task only says which entries to run,
+and the worker reads the requests from the stream when it claims them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class BatchTask:
 
     def args(self) -> list[Any]:
         """The task's positional arguments."""
-        pairs = [[entry_id, raw] for entry_id, raw in self.entries]
+        pairs = [[entry_id, request_id] for entry_id, request_id in self.entries]
         return [self.model, self.batch_id, pairs, self.flush_reason]
 
     def argsrepr(self) -> str:

@@ -1,8 +1,9 @@
 """Deliberately broken workers, to prove the ledger sees what it must catch. Run as
 ``python -m tests.chaos.broken_worker MODE worker --cpu …`` with MODE one of:
 
-- ``ack-on-receipt``: acknowledges a batch's stream entries when the batch starts, before any
-  result is written (what ack-on-receipt queues do): killed mid-batch, it loses requests;
+- ``ack-on-receipt``: acknowledges a batch's stream entries as the batch starts (once it has
+  read them), before any result is written (what ack-on-receipt queues do): killed
+  mid-batch, it loses requests;
 - ``overwrite``: writes results without "first write wins": a batch delivered twice writes
   a second answer (the finalize script's source, as the registry hands it out, loses ``NX``).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from config import lua
 from config.keys import CONSUMER_GROUP
@@ -28,10 +30,11 @@ def ack_on_receipt(
     consumer: str,
     entry_ids: Sequence[str],
     request_ids: Sequence[str],
-) -> list[bool]:
+) -> tuple[list[bool], list[Any]]:
+    started = start_batch(self, batch_id, member, consumer, entry_ids, request_ids)
     if entry_ids:
         self._client.xack(self._keys.stream(self._model), CONSUMER_GROUP, *entry_ids)
-    return start_batch(self, batch_id, member, consumer, entry_ids, request_ids)
+    return started
 
 
 def overwriting_source(name: str) -> str:

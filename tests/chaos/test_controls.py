@@ -41,8 +41,8 @@ def test_the_ledger_reports_loss_from_a_worker_that_acks_on_receipt(
 def test_the_ledger_reports_a_second_answer_from_a_worker_that_overwrites(
     chaos_fleet: MakeFleet, record: Record
 ) -> None:
-    """A worker that writes results without "first write wins", given a finished batch again:
-    the request's result is written twice, and the ledger says duplicated."""
+    """A worker that writes results without "first write wins", given a finished request
+    again: the request's result is written twice, and the ledger says duplicated."""
     fleet = chaos_fleet()
     fleet.processes.start("batcher")
     ledger = Ledger()
@@ -51,7 +51,7 @@ def test_the_ledger_reports_a_second_answer_from_a_worker_that_overwrites(
         (entry,) = fleet.client.xrange(fleet.keys.stream(MODEL))
         fleet.processes.start("overwrite", "worker", "--cpu", module=BROKEN)
         producer.result(request_id, timeout_s=30)
-        fleet.deliver_again(entry, "again")
+        fleet.enqueue_again(entry)
         wait_until(lambda: fleet.writes()[request_id] == 2)
-    report = record(fleet.account("control: overwrites results, batch given again", ledger))
+    report = record(fleet.account("control: overwrites results, request given again", ledger))
     assert report.duplicated == [request_id], report.table()

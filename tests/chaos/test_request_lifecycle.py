@@ -87,7 +87,7 @@ def test_duplicate_request_ids_run_once_and_answer_alike(
 def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
     chaos_fleet: MakeFleet, record: Record
 ) -> None:
-    """Before result_ttl_s the result; after it UnknownRequest; and the same batch delivered
+    """Before result_ttl_s the result; after it UnknownRequest; and the same request given
     again after that runs the model but cannot write the result back."""
     fleet = chaos_fleet(policy={"result_ttl_s": 1.5})
     fleet.processes.start("batcher")
@@ -100,10 +100,10 @@ def test_an_expired_result_stays_gone_after_a_late_duplicate_execution(
         wait_until(lambda: not fleet.client.exists(fleet.keys.result(MODEL, request_id)))
         with pytest.raises(UnknownRequest):
             producer.result(request_id, timeout_s=5)
-        fleet.deliver_again(entry, "late-duplicate")
+        fleet.enqueue_again(entry)
         wait_until(lambda: read_executions(fleet.executions_path).count(request_id) == 2)
-        owners = fleet.keys.inflight_owners(MODEL)  # the batch task is done when it leaves
-        wait_until(lambda: not fleet.client.hexists(owners, "late-duplicate"))
+        stream = fleet.keys.stream(MODEL)  # the batch is done when its entry leaves
+        wait_until(lambda: fleet.client.xlen(stream) == 0)
         with pytest.raises(UnknownRequest):
             producer.result(request_id, timeout_s=5)
     report = record(fleet.account("11 result TTL, then a late duplicate execution", ledger))

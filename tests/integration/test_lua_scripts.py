@@ -587,20 +587,29 @@ def test_a_batch_start_records_its_worker_claims_its_entries_and_finds_answers(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:
     """Starting a delivery records the worker running it, moves its entries to the worker's
-    consumer, and says which requests were answered."""
+    consumer, reads their requests (none for an entry gone from the stream), and says which
+    requests were answered."""
     writer = ResultWriter(store, keys, MODEL)
     stream = keys.stream(MODEL)
-    answered, fresh = queued(store, core, keys, "a", "b")
-    entries = [entry_of(store, item) for item in (answered, fresh)]
+    answered, fresh, gone = queued(store, core, keys, "a", "b", "c")
+    entries = [entry_of(store, item) for item in (answered, fresh, gone)]
     store.set(answered.result_key, "an earlier delivery's answer")
+    store.xdel(stream, entries[2])
     consumer = worker_consumer("w1")
-    request_ids = [answered.request_id, fresh.request_id]
-    assert writer.start_batch("batch-1", "w1|1", consumer, entries, request_ids) == [True, False]
+    request_ids = [answered.request_id, fresh.request_id, gone.request_id]
+    done, claimed = writer.start_batch("batch-1", "w1|1", consumer, entries, request_ids)
+    assert done == [True, False, False]
+    assert [
+        (to_text(entry_id), Request.decode(fields[STREAM_FIELD.encode()]).input)
+        for entry_id, fields in claimed
+    ] == [(entries[0], "a"), (entries[1], "b")]
     assert store.hget(keys.inflight_owners(MODEL), "batch-1") == b"w1|1"
     pending = store.xpending_range(stream, CONSUMER_GROUP, "-", "+", 10)
-    assert {(to_text(row["message_id"]), to_text(row["consumer"])) for row in pending} == {
-        (entry, consumer) for entry in entries
-    }
+    assert {
+        (to_text(row["message_id"]), to_text(row["consumer"]))
+        for row in pending
+        if to_text(row["message_id"]) != entries[2]
+    } == {(entry, consumer) for entry in entries[:2]}
 
 
 def test_count_device_deaths_counts_only_entries_of_gone_devices(

@@ -11,7 +11,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.keys import Keys
-from config.schema import Request, Result
+from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
 from producer.client import Producer
 from workers.batcher.model_batcher import ModelBatcher
@@ -38,8 +38,13 @@ class WordsModel:
         return list(batch)
 
 
-def batched_inputs(task: dict[str, Any]) -> list[Any]:
-    return [Request.decode(raw).input for _, raw in task["args"][2]]
+def batched_inputs(task: dict[str, Any], client: fakeredis.FakeRedis) -> list[Any]:
+    """The inputs of a batch task's requests, read from their stream entries."""
+    stream = KEYS.stream(task["args"][0])
+    return [
+        Request.decode(client.xrange(stream, entry_id, entry_id)[0][1][STREAM_FIELD.encode()]).input
+        for entry_id, _ in task["args"][2]
+    ]
 
 
 @pytest.fixture
@@ -58,7 +63,7 @@ def fleet(
 
 
 def test_the_batcher_groups_by_cost_within_the_budget(
-    fleet: tuple[Settings, ModelBatcher, RecordingCelery, Producer],
+    fleet: tuple[Settings, ModelBatcher, RecordingCelery, Producer], fake_redis: fakeredis.FakeRedis
 ) -> None:
     """The oldest input leaves with the ones nearest its cost, and the padded cost of a batch
     (longest x size) stays under max_batch_cost."""
@@ -67,7 +72,7 @@ def test_the_batcher_groups_by_cost_within_the_budget(
     batcher.step()  # reads
     batcher.step()  # dispatches
     (first,) = recorder.sent
-    assert batched_inputs(first) == ["a b c d", "e f g h", "i j k l"]  # 3 x 4 = 12
+    assert batched_inputs(first, fake_redis) == ["a b c d", "e f g h", "i j k l"]  # 3 x 4 = 12
     assert first["args"][3] == "size"
 
 
@@ -85,7 +90,7 @@ def test_an_input_over_the_budget_alone_is_answered_invalid_input(
     error = Result.decode(raw).error
     assert error is not None and error.code == "invalid_input"
     assert "costs 13, over the model's max_batch_cost of 12" in error.message
-    assert [batched_inputs(task) for task in recorder.sent] == [["short one"]]
+    assert [batched_inputs(task, fake_redis) for task in recorder.sent] == [["short one"]]
     assert fake_redis.get(KEYS.result("words", short)) is None, (
         "the short one is batched, not answered"
     )

@@ -28,7 +28,6 @@ def pending(
     return Pending(
         entry_id=f"{index}-0",
         request=request,
-        raw="",
         arrived_at=arrived_at,
         deadline_at=deadline_at,
         cost=cost,

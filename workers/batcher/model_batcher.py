@@ -346,7 +346,6 @@ class ModelBatcher:
             self._pending[entry_id] = Pending(
                 entry_id=entry_id,
                 request=request,
-                raw=raw,
                 arrived_at=now_mono - max(0.0, now_wall - entry_wall_s),
                 deadline_at=now_mono + (request.deadline_at - now_wall),
                 attempts=tries,
@@ -409,7 +408,10 @@ class ModelBatcher:
     def _dispatch(self, batch: Sequence[Pending], reason: str | None) -> None:
         batch_id = uuid.uuid4().hex
         task = BatchTask(
-            self.model, batch_id, [(item.entry_id, item.raw) for item in batch], reason
+            self.model,
+            batch_id,
+            [(item.entry_id, item.request.request_id) for item in batch],
+            reason,
         )
         counted = self._send(task, reason or "other")
         for item in batch:

@@ -59,7 +59,6 @@ class Pending(NamedTuple):
 
     entry_id: str
     request: Request
-    raw: str
     arrived_at: float
     deadline_at: float
     attempts: int = 0

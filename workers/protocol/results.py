@@ -259,16 +259,28 @@ class ResultWriter:
         consumer: str,
         entry_ids: Sequence[str],
         request_ids: Sequence[str],
-    ) -> list[bool]:
-        """Records ``member`` as running the batch, moves its entries to ``consumer``
-        (restarting their lease) and says whether each request already has its final answer,
-        in one round trip (``start_batch.lua``)."""
-        answered = self._start(
-            keys=[
-                self._keys.inflight_owners(self._model),
-                self._keys.stream(self._model),
-                *(self._keys.result(self._model, request_id) for request_id in request_ids),
-            ],
-            args=[batch_id, member, CONSUMER_GROUP, consumer, *entry_ids],
-        )
-        return [bool(found) for found in answered]
+    ) -> tuple[list[bool], list[tuple[Any, dict[Any, Any]]]]:
+        """Moves the batch's entries to ``consumer`` (restarting their lease) and reads them,
+        records ``member`` as running the batch and says whether each request already has its
+        final answer, in one round trip (an ``XCLAIM`` and ``start_batch.lua``). Returns those
+        answers and the entries claimed, as ``(entry id, fields)``; an entry gone from the
+        stream is not among them."""
+
+        def build(pipe: Pipeline) -> None:
+            if entry_ids:
+                pipe.xclaim(
+                    self._keys.stream(self._model), CONSUMER_GROUP, consumer, 0, list(entry_ids)
+                )
+            lua.queue(
+                pipe,
+                self._start,
+                keys=[
+                    self._keys.inflight_owners(self._model),
+                    *(self._keys.result(self._model, request_id) for request_id in request_ids),
+                ],
+                args=[batch_id, member],
+            )
+
+        *claimed, answered = lua.execute(self._client, build, [self._start])
+        entries = [entry for entry in (claimed[0] if claimed else []) if entry]
+        return [bool(found) for found in answered], entries

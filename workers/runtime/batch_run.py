@@ -9,10 +9,10 @@ frees are sorted the same way.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from config.schema import STREAM_FIELD, Request, Result
+from config.schema import Request, Result
 from workers.protocol.capacity import FleetState
 from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
 from workers.protocol.results import Answer, ResultWriter, error_answer, poison_answer
@@ -35,42 +35,39 @@ class BatchRun:
     dropped: list[str] = field(default_factory=list)
     slot_reply: Callable[[], None] | None = None
 
-    def read(self, entries: Sequence[Sequence[str]]) -> tuple[list[DecodedEntry], list[str]]:
-        """Decodes the task's ``(entry id, raw)`` pairs: the requests, and every entry id;
-        malformed entries are answered ``invalid_input``."""
-        read = read_entries(
-            [(entry_id, {STREAM_FIELD: raw}) for entry_id, raw in entries], self.model, self.ttl_s
+    def count_attempts(self, consumer: str, entry_ids: Sequence[str]) -> dict[str, int | None]:
+        """For a batch delivered again: each entry's attempts, counting a death for those on
+        the device of a process that is gone, and None for those a live device is running
+        now (``ResultWriter.count_device_deaths``)."""
+        return dict(
+            zip(entry_ids, self.writer.count_device_deaths(consumer, entry_ids), strict=True)
         )
-        self.answers.extend(read.invalid)
-        self.dropped.extend(read.dropped)
-        return read.decoded, [entry_id for entry_id, _ in entries]
 
-    def count_attempts(
-        self, consumer: str, decoded: Sequence[DecodedEntry], max_attempts: int
-    ) -> tuple[list[DecodedEntry], set[str]]:
-        """The requests still to try, and the entries a live device is running now; those out
-        of attempts are answered ``poison`` and go to the dead-letter stream."""
-        attempts = self.writer.count_device_deaths(
-            consumer, [entry_id for entry_id, _, _ in decoded]
-        )
-        to_try, poison, running = [], [], set()
-        for (entry_id, raw, request), tries in zip(decoded, attempts, strict=True):
-            if tries is None:
-                running.add(entry_id)
-            elif tries >= max_attempts:
+    def give_up_poison(
+        self, decoded: Sequence[DecodedEntry], attempts: Mapping[str, int | None], max_attempts: int
+    ) -> list[DecodedEntry]:
+        """The requests still to try; those out of ``attempts`` are answered ``poison`` and
+        go to the dead-letter stream."""
+        to_try, poison = [], []
+        for entry_id, raw, request in decoded:
+            tries = attempts.get(entry_id) or 0
+            if tries >= max_attempts:
                 self.answers.append(poison_answer(request, entry_id, tries, self.ttl_s))
                 poison.append((entry_id, raw, tries))
             else:
                 to_try.append((entry_id, raw, request))
         self.writer.bury(poison)
-        return to_try, running
+        return to_try
 
-    def sort_out(self, decoded: Sequence[DecodedEntry], done: Sequence[bool]) -> list[Runnable]:
-        """The requests to run; those already answered or past their deadline are answered."""
+    def sort_out(
+        self, decoded: Sequence[DecodedEntry], answered: Collection[str] = ()
+    ) -> list[Runnable]:
+        """The requests to run; those already ``answered`` (by entry id) or past their
+        deadline are answered."""
         runnable = []
         now = time.time()
-        for (entry_id, _, request), answered in zip(decoded, done, strict=True):
-            if answered:
+        for entry_id, _, request in decoded:
+            if entry_id in answered:
                 self.answers.append(
                     Answer.of(entry_id, _placeholder(request), request.digest, self.ttl_s)
                 )
@@ -96,7 +93,7 @@ class BatchRun:
         read = read_entries(entries, self.model, self.ttl_s)
         self.answers.extend(read.invalid)
         self.writer.drop(read.dropped)
-        late = self.sort_out(read.decoded, [False] * len(read.decoded))
+        late = self.sort_out(read.decoded)
         self.late.update(entry_id for entry_id, _ in late)
         return late
 
@@ -105,18 +102,25 @@ class BatchRun:
         return "late" if entry_id in self.late else self.flush_reason
 
     def start(
-        self,
-        consumer: str,
-        member: str,
-        entry_ids: Sequence[str],
-        decoded: Sequence[DecodedEntry],
-    ) -> list[bool]:
-        """Records the batch as run by ``member``, moves ``entry_ids`` to ``consumer``
-        (restarting their lease: a running batch is never reclaimed while it can still
-        finish) and says which ``decoded`` requests a previous delivery already answered, in
-        one round trip."""
-        request_ids = [request.request_id for _, _, request in decoded]
-        return self.writer.start_batch(self.batch_id, member, consumer, entry_ids, request_ids)
+        self, consumer: str, member: str, entries: Sequence[Sequence[str]]
+    ) -> tuple[list[DecodedEntry], set[str]]:
+        """Records the batch as run by ``member``, moves its ``(entry id, request id)``
+        ``entries`` to ``consumer`` (restarting their lease: a running batch is never
+        reclaimed while it can still finish) and reads their requests from the stream, in
+        one round trip. Returns the requests, and the entry ids a previous delivery already
+        answered; malformed entries are answered ``invalid_input``. An entry no longer in the
+        stream does not run: an earlier delivery closed it with its answer (which may have
+        expired since: a late redelivery must not run it again)."""
+        entry_ids = [entry_id for entry_id, _ in entries]
+        done, claimed = self.writer.start_batch(
+            self.batch_id, member, consumer, entry_ids, [request_id for _, request_id in entries]
+        )
+        read = read_entries(claimed, self.model, self.ttl_s)
+        self.answers.extend(read.invalid)
+        self.dropped.extend(read.dropped)
+        return read.decoded, {
+            entry_id for entry_id, found in zip(entry_ids, done, strict=True) if found
+        }
 
     def finish(self, computed: Sequence[Answer]) -> None:
         """Writes the answers ``computed`` by the model with every answer gathered so far

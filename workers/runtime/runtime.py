@@ -185,17 +185,17 @@ class WorkerRuntime:
     def _run_batch(
         self, batch: BatchRun, entries: Sequence[Sequence[str]], redelivered: bool, tops_up: bool
     ) -> int:
-        decoded, entry_ids = batch.read(entries)
+        attempts = None
         if redelivered:
             # The process this batch was delivered to died; what its device held counts an
             # attempt, as when a batcher reclaims it, and is given up at max_attempts. What a
             # live process's device holds is being run again there: it is left to that run.
-            decoded, running = batch.count_attempts(
-                self.consumer, decoded, self.settings.batcher.max_attempts
-            )
-            entry_ids = [entry_id for entry_id in entry_ids if entry_id not in running]
-        done = batch.start(self.consumer, self.member, entry_ids, decoded)
-        runnable = batch.sort_out(decoded, done)
+            attempts = batch.count_attempts(self.consumer, [entry_id for entry_id, _ in entries])
+            entries = [entry for entry in entries if attempts[entry[0]] is not None]
+        decoded, answered = batch.start(self.consumer, self.member, entries)
+        if attempts is not None:
+            decoded = batch.give_up_poison(decoded, attempts, self.settings.batcher.max_attempts)
+        runnable = batch.sort_out(decoded, answered)
         model = self.model(batch.model)
         runs: list[ModelRun] = []
         if redelivered or batch.flush_reason == "isolated":
