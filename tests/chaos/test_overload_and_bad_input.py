@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kombu import Connection
 
 from config.batch_task import RUN_BATCH_TASK
 from config.errors import InvalidInput, RequestRejected
 from config.schema import STREAM_FIELD, Result
 from tests.chaos.harness import ChaosFleet, load_running
 from tests.chaos.ledger import MODEL, Ledger, LedgerReport, assert_nothing_lost
+from workers.protocol.celery_app import make_celery_app
 from workers.tools.load_stats import percentile
 
 MakeFleet = Callable[..., ChaosFleet]
@@ -140,7 +140,7 @@ def test_untrusted_input_is_refused_typed_and_harms_no_one(
         for fields in stream_garbage(rng):
             fleet.client.xadd(stream, fields)  # type: ignore[arg-type]
         queue = fleet.keys.celery_queue(MODEL)
-        with Connection(fleet.redis.url) as connection:
+        with make_celery_app(fleet.settings).connection_for_write() as connection:
             publish = connection.Producer().publish
             headers = {"task": RUN_BATCH_TASK, "lang": "py"}
             publish(

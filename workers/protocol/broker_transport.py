@@ -120,7 +120,9 @@ class SentinelTransport(AddsReadersOnce, kombu_redis.SentinelTransport):
 def register_transport() -> None:
     """Makes these the transports of ``redis://``, ``rediss://`` and ``sentinel://`` URLs in
     this process, in kombu's table of transport aliases: the URL keeps its scheme, so kombu's
-    TLS defaults for ``rediss://`` and the URL Celery logs stay as they are."""
+    TLS defaults for ``rediss://`` and the URL Celery logs stay as they are. kombu keeps the
+    class it first finds for a scheme: a kombu connection this process made to such a URL
+    before (outside ``make_celery_app``) keeps kombu's own for good."""
     for scheme in SINGLE_REDIS_SCHEMES:
         TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
     TRANSPORT_ALIASES[SENTINEL_SCHEME] = f"{__name__}:SentinelTransport"
