@@ -6,6 +6,8 @@
 #   benchmarks/compare.sh BASE_COMMIT [ROUNDS]   # from the repository root, venv in .venv
 #
 # BASE_COMMIT is checked out in a temporary git worktree; the other side is this working tree.
+# The sides take turns going first, round by round, so that an effect of the order cancels out
+# (benchmarks/README.md, the thirty-second session).
 # Every figure is printed under the side and command that produced it.
 set -euo pipefail
 
@@ -25,16 +27,18 @@ measure() {  # side folder command...
 }
 
 fast=(--requests 20000 --base-ms 2 --per-item-ms 0.02)
+order=(base this)
 for _ in $(seq "$rounds"); do
-  for side in base this; do
+  for side in "${order[@]}"; do
     folder=$here
     [[ $side == base ]] && folder=$tree
     measure $side "$folder" benchmarks/pipeline_cpu.py
     measure $side "$folder" -m workers.cli bench saturate "${fast[@]}"
     measure $side "$folder" -m workers.cli bench saturate "${fast[@]}" --inflight 256
   done
+  order=("${order[1]}" "${order[0]}")
 done
-for side in base this; do
+for side in "${order[@]}"; do
   folder=$here
   [[ $side == base ]] && folder=$tree
   measure $side "$folder" -m workers.cli bench saturate --requests 10000

@@ -15,10 +15,10 @@ class DecodedRequest(Request):  # type: ignore[misc]  # Celery has no types
     """Celery's worker request, handed to the pool with the task's body decoded.
 
     Celery decodes a task message's body in the worker's loop (to tell its protocol) and,
-    given it undecoded, once more in the pool's thread before the task runs. A batch's body is
-    its requests' JSON: the second decode was the largest part of Celery's own work around a
-    batch in the pool thread (~27 µs a batch of 32, ``benchmarks/README.md``). The loop's
-    decode is kept with the message, so this one costs nothing.
+    given it undecoded, once more in the pool's thread before the task runs: the largest part
+    of Celery's own work around a batch in the pool thread while a batch's body carried its
+    requests' JSON (~27 µs a batch of 32, ``benchmarks/README.md``; it now names them). The
+    loop's decode is kept with the message, so this one costs nothing.
     """
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
