@@ -282,5 +282,6 @@ class ResultWriter:
             )
 
         *claimed, answered = lua.execute(self._client, build, [self._start])
-        entries = [entry for entry in (claimed[0] if claimed else []) if entry]
+        # Redis 7 leaves a deleted entry out; Redis 6.2 names it (None, None).
+        entries = [entry for entry in (claimed[0] if claimed else []) if entry[0] is not None]
         return [bool(found) for found in answered], entries
