@@ -7,9 +7,8 @@ For a batch of the synthetic model's requests it times, in this process with ``t
 validating and encoding the requests and their admission call, decoding the stream entries
 (the batcher's read and the worker's claim), building the task message and decoding it as
 the worker's Celery does, building the answers and the finalize call, the worker's metrics,
-and decoding the results. Redis, the sockets
-and Celery's loop are not in it: ``pipeline_cpu.py`` measures the whole. It prints µs per
-batch and per request, by process.
+and decoding the results. Redis, the sockets and Celery's loop are not in it:
+``pipeline_cpu.py`` measures the whole. It prints µs per batch and per request, by process.
 """
 
 from __future__ import annotations

@@ -281,7 +281,8 @@ class ResultWriter:
                 args=[batch_id, member],
             )
 
-        *claimed, answered = lua.execute(self._client, build, [self._start])
+        replies = lua.execute(self._client, build, [self._start])
+        claimed = replies[0] if entry_ids else []
         # Redis 7 leaves a deleted entry out; Redis 6.2 names it (None, None).
-        entries = [entry for entry in (claimed[0] if claimed else []) if entry[0] is not None]
-        return [bool(found) for found in answered], entries
+        entries = [entry for entry in claimed if entry[0] is not None]
+        return [bool(found) for found in replies[-1]], entries
