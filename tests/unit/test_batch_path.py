@@ -15,6 +15,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
+from config import stats_fields
 from config.batch_task import BatchTask
 from config.keys import CONSUMER_GROUP, Keys, device_consumer
 from config.schema import STREAM_FIELD, Request, Result
@@ -673,6 +674,55 @@ def test_requests_read_while_redis_lost_its_scripts_are_still_sent(
     batcher.step()
     assert len(celery.sent) == 2
     assert [request_id for _, request_id in celery.sent[1]["args"][2]] == ahead
+
+
+def test_a_full_batch_is_sent_in_the_round_trip_that_reads_the_next_one(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """While batches leave full, the step that sends one also takes the next batch's
+    requests from the stream; they go out as the next batch once a slot frees."""
+    add_worker(fake_redis)
+    first = producer.submit_many("synthetic", ["a", "b", "c", "d"])
+    second = producer.submit_many("synthetic", ["e", "f", "g", "h"])
+    batcher.step()
+    batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [first]
+    assert fake_redis.xpending(STREAM, CONSUMER_GROUP)["pending"] == 8
+    assert fake_redis.xinfo_groups(STREAM)[0]["lag"] == 0
+    FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
+    batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [
+        first,
+        second,
+    ]
+
+
+def test_a_batch_sent_while_redis_lost_its_scripts_goes_out_once(
+    batcher: ModelBatcher,
+    producer: Producer,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """The dispatch refused for want of its script is made again alone: its batch is sent
+    once, and the requests read in its round trip are held for the next batch, not read
+    again."""
+    add_worker(fake_redis)
+    first = producer.submit_many("synthetic", ["a", "b", "c", "d"])
+    second = producer.submit_many("synthetic", ["e", "f", "g", "h"])
+    batcher.step()
+    fake_redis.script_flush()
+    batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [first]
+    assert fake_redis.hget(KEYS.stats("synthetic"), stats_fields.batches("size")) == b"1"
+    FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
+    batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [
+        first,
+        second,
+    ]
 
 
 def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) -> list[Any]:

@@ -413,25 +413,35 @@ class ModelBatcher:
             [(item.entry_id, item.request.request_id) for item in batch],
             reason,
         )
-        counted = self._send(task, reason or "other")
+        # While batches leave full (the stream is deep), the round trip that sends this one
+        # reads the pool full again: the next one is formed without a read of its own.
+        refill = self._pool_size - len(self._pending) + len(batch) if reason in FULL_REASONS else 0
+        counted = self._send(task, reason or "other", refill)
         for item in batch:
             self._pending.pop(item.entry_id, None)
         self._counted = counted
         self._sending_full = reason in FULL_REASONS
         log.debug("model %s: batch %s of %d (%s)", self.model, batch_id, len(batch), reason)
 
-    def _send(self, task: BatchTask, reason: str) -> Capacity:
+    def _send(self, task: BatchTask, reason: str, refill: int = 0) -> Capacity:
         """Records the batch in flight and sends its task; the capacity left.
 
         On the fleet's Redis, the dispatch script pushes the task's message in the same round
-        trip; on a broker of its own, Celery sends it, and a send that fails takes the batch
-        out of flight again (its requests stay pending here, for the next step).
+        trip, which also takes up to ``refill`` new requests (but where batches are formed by
+        cost or on a Redis Cluster); on a broker of its own, Celery sends it, and a send that
+        fails takes the batch out of flight again (its requests stay pending here, for the
+        next step).
         """
         queue = self.keys.celery_queue(self.model)
         if self._broker_is_fleet_redis:
-            return self._state.dispatched(
-                task.batch_id, reason, self._lease_s, batch_message(task, queue)
-            )
+            message = batch_message(task, queue)
+            if (
+                refill <= 0
+                or self.policy.batcher_chooses
+                or isinstance(self._client, redis.cluster.RedisCluster)
+            ):
+                return self._state.dispatched(task.batch_id, reason, self._lease_s, message)
+            return self._dispatch_and_read(task.batch_id, reason, message, refill)
         counted = self._state.dispatched(task.batch_id, reason, self._lease_s)
         try:
             self._celery.send_task(
@@ -441,6 +451,19 @@ class ModelBatcher:
             self._state.undispatched(task.batch_id)
             raise
         return counted
+
+    def _dispatch_and_read(self, batch_id: str, reason: str, message: str, count: int) -> Capacity:
+        """``FleetState.dispatched`` and a read of up to ``count`` new requests, held as
+        ``_read`` does, in one round trip. A read that fails is left to the next step's own."""
+        with self._client.pipeline(transaction=False) as pipe:
+            counted = self._state.queue_dispatch(pipe, batch_id, reason, self._lease_s, message)
+            pipe.xreadgroup(**self._read_args(count, None))
+            dispatch_reply, read_reply = pipe.execute(raise_on_error=False)
+        if isinstance(read_reply, Exception):
+            log.warning("model %s: nothing read with the batch sent: %s", self.model, read_reply)
+        else:
+            self._take(entries_of(read_reply))
+        return counted(dispatch_reply)
 
 
 def run_batchers(

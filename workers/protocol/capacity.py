@@ -96,12 +96,42 @@ class FleetState:
         given its Celery message (``workers.protocol.task_message``), pushes that onto the
         model's batch queue; returns the capacity left, counted as ``capacity`` does, in the
         same round trip."""
+        keys, args = self._dispatch_call(batch_id, reason, lease_s, message)
+        return _counted(self._dispatch(keys=keys, args=args))
+
+    def queue_dispatch(
+        self, pipe: Any, batch_id: str, reason: str, lease_s: float, message: str
+    ) -> Callable[[Any], Capacity]:
+        """Queues on ``pipe`` what ``dispatched`` does, ahead of commands of the caller's own
+        in the same round trip; returns the function that makes ``dispatched``'s return of
+        its reply (the pipeline executed with ``raise_on_error=False``). A dispatch Redis
+        refused for want of its script is made again alone, not the commands after it.
+
+        Raises (the returned function):
+            redis.ResponseError: Redis refused the dispatch otherwise.
+        """
+        keys, args = self._dispatch_call(batch_id, reason, lease_s, message)
+        lua.queue(pipe, self._dispatch, keys, args)
+
+        def counted(reply: Any) -> Capacity:
+            if isinstance(reply, NoScriptError):
+                return _counted(self._dispatch(keys=keys, args=args))
+            if isinstance(reply, Exception):
+                raise reply
+            return _counted(reply)
+
+        return counted
+
+    def _dispatch_call(
+        self, batch_id: str, reason: str, lease_s: float, message: str | None
+    ) -> tuple[list[str], list[str | float]]:
+        """The keys and args of ``dispatch.lua``'s call for ``dispatched``."""
         keys = [*self._counted_keys(), self._keys.stats(self._model)]
         args: list[str | float] = [lease_s, batch_id, stats_fields.batches(reason)]
         if message is not None:
             keys.append(self._keys.celery_queue(self._model))
             args.append(message)
-        return _counted(self._dispatch(keys=keys, args=args))
+        return keys, args
 
     def _counted_keys(self) -> list[str]:
         """The keys ``count_capacity.lua`` counts, first in both scripts that include it."""
