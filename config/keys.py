@@ -19,7 +19,8 @@ key                         type    writer                    reader            
 ``M:inflight_owners``       hash    worker (start, done)      batcher            with inflight
                             batch→
                             worker
-``M:slot_free``             list    worker (LPUSH)            batcher (BLPOP)    the lease
+``M:slot_free``             list    worker (LPUSH)            batcher (BLPOP;    the lease
+                                                              DEL at dispatch)
 ``M:workers``               zset    worker (heartbeat)        batcher            pruned by score
 ``M:devices``               zset    worker (heartbeat)        worker             pruned by score
 ``M:attempts``              hash    batcher (reclaim)         batcher            fields HDEL'd

@@ -2,14 +2,17 @@
 -- it by flush reason in the model's stats. Given the batch's Celery message, also pushes it
 -- onto the batch queue, as kombu's Redis transport does (workers/protocol/task_message.py):
 -- the batch is sent in the round trip that records it. Returns the capacity left
--- (count_capacity.lua), which the batcher's next decision uses instead of asking again.
+-- (count_capacity.lua), which the batcher's next decision uses instead of asking again; the
+-- slot-free wake-ups pushed so far are counted in it, and deleted, so that a batcher waiting
+-- for a slot is woken by a slot freed after this count, not by one this batch took.
 --#include count_capacity.lua
 
 local workers = KEYS[1]
 local inflight = KEYS[2]
 local inflight_owners = KEYS[3]
 local stats = KEYS[4]
-local batch_queue = KEYS[5]  -- only with a message: the model's Celery queue
+local slot_free = KEYS[5]
+local batch_queue = KEYS[6]  -- only with a message: the model's Celery queue
 
 local lease_s = tonumber(ARGV[1])
 local batch_id = ARGV[2]
@@ -21,4 +24,5 @@ redis.call('HINCRBY', stats, reason_field, 1)
 if message then
   redis.call('LPUSH', batch_queue, message)
 end
+redis.call('DEL', slot_free)
 return count_capacity(workers, inflight, inflight_owners, lease_s)

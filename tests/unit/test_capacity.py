@@ -91,3 +91,21 @@ def test_a_dispatch_counts_the_capacity_it_leaves(fake_redis: fakeredis.FakeRedi
     counted = state.dispatched("next", "size", LEASE_S)
     assert (counted.workers, counted.slots, counted.inflight) == (1, 2, 1)
     assert counted == state.capacity(LEASE_S)
+
+
+def test_a_batcher_waits_for_a_slot_freed_after_its_last_dispatch(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """A slot freed before a dispatch is counted in what that dispatch returns: its wake-up
+    is spent, and the batcher's next wait for a slot is woken by a slot freed after it, not
+    at once for the slot that batch took."""
+    state = FleetState(fake_redis, Keys("bf"), "m")
+    wake_ups = Keys("bf").slot_free("m")
+    state.heartbeat(worker_member("a", 1), ttl_s=30)
+    state.dispatched("first", "size", LEASE_S)
+    state.batch_done("first", LEASE_S)()
+    counted = state.dispatched("second", "size", LEASE_S)
+    assert counted.free_slots(batches_per_slot=1) == 0
+    assert fake_redis.lrange(wake_ups, 0, -1) == []
+    state.batch_done("second", LEASE_S)()
+    assert fake_redis.lrange(wake_ups, 0, -1) == [b"second"]

@@ -126,7 +126,11 @@ class FleetState:
         self, batch_id: str, reason: str, lease_s: float, message: str | None
     ) -> tuple[list[str], list[str | float]]:
         """The keys and args of ``dispatch.lua``'s call for ``dispatched``."""
-        keys = [*self._counted_keys(), self._keys.stats(self._model)]
+        keys = [
+            *self._counted_keys(),
+            self._keys.stats(self._model),
+            self._keys.slot_free(self._model),
+        ]
         args: list[str | float] = [lease_s, batch_id, stats_fields.batches(reason)]
         if message is not None:
             keys.append(self._keys.celery_queue(self._model))
