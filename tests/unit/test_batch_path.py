@@ -725,6 +725,83 @@ def test_a_batch_sent_while_redis_lost_its_scripts_goes_out_once(
     ]
 
 
+def queue_full_batches(
+    settings: Settings, client: fakeredis.FakeRedis, count: int
+) -> list[list[str]]:
+    """``count`` full batches' request ids, queued (the model's queue holds them all)."""
+    policy = settings.models["synthetic"].model_copy(update={"max_queue_len": 4 * count})
+    roomy = settings.model_copy(update={"models": {"synthetic": policy}})
+    listen = fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
+    with Producer(roomy, client=client, listen_client=listen) as producer:
+        return [
+            producer.submit_many("synthetic", [f"{n}-{i}" for i in range(4)]) for n in range(count)
+        ]
+
+
+@pytest.fixture
+def three_batches(settings: Settings, fake_redis: fakeredis.FakeRedis) -> list[list[str]]:
+    return queue_full_batches(settings, fake_redis, 3)
+
+
+def test_a_full_batch_waiting_for_room_is_sent_in_the_round_trip_that_waits(
+    batcher: ModelBatcher,
+    three_batches: list[list[str]],
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """With its one slot busy and one full batch ahead, the worker has no room: the next
+    full batch waits in the batcher, and the step that sees a slot free sends it at once."""
+    add_worker(fake_redis)
+    batches = three_batches
+    for _ in range(4):
+        batcher.step()
+    sent = [[request_id for _, request_id in task["args"][2]] for task in celery.sent]
+    assert sent == batches[:2]
+    FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
+    batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == batches
+    assert fake_redis.hget(KEYS.stats("synthetic"), stats_fields.batches("size")) == b"3"
+
+
+def test_a_full_batch_sent_after_a_wait_while_redis_lost_its_scripts_goes_out_once(
+    batcher: ModelBatcher,
+    three_batches: list[list[str]],
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """The dispatch that follows a wait for a slot, refused for want of its script, is made
+    again alone: its batch is sent once, without waiting again."""
+    add_worker(fake_redis)
+    batches = three_batches
+    for _ in range(3):
+        batcher.step()
+    FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
+    fake_redis.script_flush()
+    batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == batches
+
+
+def test_full_batches_that_wait_for_room_go_out_in_order_as_slots_free(
+    batcher: ModelBatcher,
+    settings: Settings,
+    fake_redis: fakeredis.FakeRedis,
+    celery: RecordingCelery,
+) -> None:
+    """A worker with no room for a while: the batches queued behind it wait in the batcher
+    (holding up to two batches' worth once a wait found no room) and go out one per freed
+    slot, in order."""
+    add_worker(fake_redis)
+    batches = queue_full_batches(settings, fake_redis, 4)
+    for _ in range(6):
+        batcher.step()
+    state = FleetState(fake_redis, KEYS, "synthetic")
+    for sent in (2, 3):
+        assert len(celery.sent) == sent
+        state.batch_done(celery.sent[sent - 2]["args"][1], lease_s=55)()
+        batcher.step()
+    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == batches
+
+
 def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) -> list[Any]:
     """Entries a worker read onto its device and then died holding, as a reclaim hands them
     over."""

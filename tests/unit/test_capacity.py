@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from config.keys import Keys
-from workers.protocol.capacity import FleetState, worker_member
+from workers.protocol.capacity import FleetState, RoomRule, worker_member
 from workers.protocol.results import ResultWriter
 
 LEASE_S = 45.0
@@ -109,3 +109,31 @@ def test_a_batcher_waits_for_a_slot_freed_after_its_last_dispatch(
     assert fake_redis.lrange(wake_ups, 0, -1) == []
     state.batch_done("second", LEASE_S)()
     assert fake_redis.lrange(wake_ups, 0, -1) == [b"second"]
+
+
+def test_a_dispatch_that_waited_for_room_sends_only_when_there_is_room(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    """By the batcher's rule for a full batch (free slots plus one full batch ahead per live
+    worker), a worker with one slot takes two batches: a third is not sent, and goes once
+    one of the two is done."""
+    state = FleetState(fake_redis, Keys("bf"), "m")
+    queue = Keys("bf").celery_queue("m")
+    state.heartbeat(worker_member("a", 1), ttl_s=30)
+    state.dispatched("first", "size", LEASE_S)
+    state.dispatched("second", "size", LEASE_S)
+
+    def dispatch_when_room() -> Any:
+        with fake_redis.pipeline(transaction=False) as pipe:
+            done = state.queue_dispatch(pipe, "third", "size", LEASE_S, "message", RoomRule(1, 1))
+            (reply,) = pipe.execute(raise_on_error=False)
+        return done(reply)
+
+    refused = dispatch_when_room()
+    assert (refused.sent, refused.capacity.inflight) == (False, 2)
+    assert fake_redis.llen(queue) == 0
+    state.batch_done("first", LEASE_S)()
+    sent = dispatch_when_room()
+    assert (sent.sent, sent.capacity.inflight) == (True, 2)
+    assert fake_redis.lrange(queue, 0, -1) == [b"message"]
+    assert sent.capacity == state.capacity(LEASE_S)

@@ -27,12 +27,12 @@ from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
 from config.replica_wait import ReplicaWait
 from config.schema import PRIORITY_RANK
-from config.settings import Settings
+from config.settings import ModelPolicy, Settings
 from workers.batcher.metrics import batcher_registry
 from workers.batcher.policy import FULL_BATCHES_AHEAD, FULL_REASONS, Pending, Plan, plan_batch
 from workers.models.registry import cost_function
 from workers.protocol.batch_cap import BatchCap
-from workers.protocol.capacity import Capacity, FleetState
+from workers.protocol.capacity import Capacity, FleetState, RoomRule
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.entries import (
     StreamEntry,
@@ -167,7 +167,8 @@ class ModelBatcher:
         stop.set()
 
     def step(self) -> Plan:
-        """One turn: reclaim if due, expire, dispatch at most one batch, or wait for news."""
+        """One turn: reclaim if due, expire, dispatch at most one batch, or wait for news (a
+        full batch that waits for room is sent by the wait, once there is room)."""
         now = monotonic()
         if now >= self._next_reclaim:
             self._reclaim()
@@ -211,7 +212,13 @@ class ModelBatcher:
             if now >= self._next_backlog_scan:
                 self._next_backlog_scan = now + BACKLOG_SCAN_S
                 self._expire_backlog()
-            self._counted = self._state.wait_for_slot(min(wait_s, BACKLOG_SCAN_S), self._lease_s)
+            ready = self._ready_for_room(policy)
+            if ready.batch:
+                self._send_when_room(ready, min(wait_s, BACKLOG_SCAN_S))
+            else:
+                self._counted = self._state.wait_for_slot(
+                    min(wait_s, BACKLOG_SCAN_S), self._lease_s
+                )
         elif self._pending and wait_s < PRECISE_BLOCK_S:
             time.sleep(wait_s)
             self._take(self._read_and_count(room))
@@ -406,22 +413,78 @@ class ModelBatcher:
             self._pending.pop(item.entry_id, None)
 
     def _dispatch(self, batch: Sequence[Pending], reason: str | None) -> None:
-        batch_id = uuid.uuid4().hex
-        task = BatchTask(
-            self.model,
-            batch_id,
-            [(item.entry_id, item.request.request_id) for item in batch],
-            reason,
-        )
+        task = self._task(batch, reason)
         # While batches leave full (the stream is deep), the round trip that sends this one
         # reads the pool full again: the next one is formed without a read of its own.
-        refill = self._pool_size - len(self._pending) + len(batch) if reason in FULL_REASONS else 0
-        counted = self._send(task, reason or "other", refill)
+        refill = self._refill(batch) if reason in FULL_REASONS else 0
+        self._sent(task, batch, self._send(task, reason or "other", refill))
+
+    def _task(self, batch: Sequence[Pending], reason: str | None) -> BatchTask:
+        entries = [(item.entry_id, item.request.request_id) for item in batch]
+        return BatchTask(self.model, uuid.uuid4().hex, entries, reason)
+
+    def _refill(self, batch: Sequence[Pending]) -> int:
+        """How many requests fill the pool again once ``batch`` has left it."""
+        return self._pool_size - len(self._pending) + len(batch)
+
+    def _sent(self, task: BatchTask, batch: Sequence[Pending], counted: Capacity) -> None:
+        """Lets go of a batch sent, keeping the capacity its dispatch counted."""
         for item in batch:
             self._pending.pop(item.entry_id, None)
         self._counted = counted
-        self._sending_full = reason in FULL_REASONS
-        log.debug("model %s: batch %s of %d (%s)", self.model, batch_id, len(batch), reason)
+        self._sending_full = task.flush_reason in FULL_REASONS
+        log.debug(
+            "model %s: batch %s of %d (%s)",
+            self.model,
+            task.batch_id,
+            len(batch),
+            task.flush_reason,
+        )
+
+    def _piggybacks(self) -> bool:
+        """Whether a dispatch's round trip may carry other commands: on the fleet's Redis
+        (not a Redis Cluster, whose pipelines take no script calls) and for batches not
+        formed by cost."""
+        return (
+            self._broker_is_fleet_redis
+            and not self.policy.batcher_chooses
+            and not isinstance(self._client, redis.cluster.RedisCluster)
+        )
+
+    def _ready_for_room(self, policy: ModelPolicy) -> Plan:
+        """The full batch that goes when the model has room for one more (rule 2), where its
+        dispatch may wait for that room in its own round trip; an empty plan otherwise."""
+        if not self._piggybacks():
+            return Plan()
+        return plan_batch(list(self._pending.values()), policy, monotonic(), 0, full_ahead=1)
+
+    def _send_when_room(self, plan: Plan, timeout_s: float) -> None:
+        """Waits for a slot to free (``timeout_s`` at most), then sends ``plan``'s full batch
+        if the model has room for it and reads the pool full again, all in one round trip:
+        what a wait for a slot, the step that sends and its read took three for. Room is
+        counted after the wait, as the step would; a batch without room stays pending."""
+        task = self._task(plan.batch, plan.flush_reason)
+        message = batch_message(task, self.keys.celery_queue(self.model))
+        rule = RoomRule(self.settings.batcher.batches_per_worker_slot, FULL_BATCHES_AHEAD)
+        reason = plan.flush_reason or "other"
+        refill = self._refill(plan.batch)  # none while a batch that found no room is held
+        with self._client.pipeline(transaction=False) as pipe:
+            self._state.queue_wait(pipe, timeout_s)
+            dispatch = self._state.queue_dispatch(
+                pipe, task.batch_id, reason, self._lease_s, message, rule
+            )
+            if refill > 0:
+                pipe.xreadgroup(**self._read_args(refill, None))
+            woken, dispatch_reply, *read = pipe.execute(raise_on_error=False)
+        for reply in read:
+            self._take_read(reply)
+        done = dispatch(dispatch_reply)
+        if done.sent:
+            self._sent(task, plan.batch, done.capacity)
+        else:
+            self._counted = done.capacity
+        if isinstance(woken, Exception):
+            raise woken
 
     def _send(self, task: BatchTask, reason: str, refill: int = 0) -> Capacity:
         """Records the batch in flight and sends its task; the capacity left.
@@ -435,11 +498,7 @@ class ModelBatcher:
         queue = self.keys.celery_queue(self.model)
         if self._broker_is_fleet_redis:
             message = batch_message(task, queue)
-            if (
-                refill <= 0
-                or self.policy.batcher_chooses
-                or isinstance(self._client, redis.cluster.RedisCluster)
-            ):
+            if refill <= 0 or not self._piggybacks():
                 return self._state.dispatched(task.batch_id, reason, self._lease_s, message)
             return self._dispatch_and_read(task.batch_id, reason, message, refill)
         counted = self._state.dispatched(task.batch_id, reason, self._lease_s)
@@ -459,11 +518,16 @@ class ModelBatcher:
             counted = self._state.queue_dispatch(pipe, batch_id, reason, self._lease_s, message)
             pipe.xreadgroup(**self._read_args(count, None))
             dispatch_reply, read_reply = pipe.execute(raise_on_error=False)
-        if isinstance(read_reply, Exception):
-            log.warning("model %s: nothing read with the batch sent: %s", self.model, read_reply)
+        self._take_read(read_reply)
+        return counted(dispatch_reply).capacity
+
+    def _take_read(self, reply: Any) -> None:
+        """Holds what a read sent with a dispatch took; a read that failed is left to the next
+        step's own."""
+        if isinstance(reply, Exception):
+            log.warning("model %s: nothing read with the batch sent: %s", self.model, reply)
         else:
-            self._take(entries_of(read_reply))
-        return counted(dispatch_reply)
+            self._take(entries_of(reply))
 
 
 def run_batchers(

@@ -41,14 +41,30 @@ class Capacity:
 
 
 def _counted(reply: Sequence[Any]) -> Capacity:
-    """A ``Capacity`` from ``count_capacity.lua``'s reply: live members, batches in flight."""
-    members, inflight = reply
+    """A ``Capacity`` from ``count_capacity.lua``'s reply: live members, batches in flight
+    (and what a script that returns it adds after them)."""
+    members, inflight = reply[0], reply[1]
     slots = 0
     for member in members:
         text = member.decode() if isinstance(member, bytes) else member
         _, _, count = text.rpartition("|")
         slots += int(count) if count.isdigit() else 1
     return Capacity(workers=len(members), slots=slots, inflight=int(inflight))
+
+
+class RoomRule(NamedTuple):
+    """When a full batch has room to go (the batcher's policy, ``plan_batch``): free slots,
+    ``batches_per_slot`` a worker slot, plus ``full_ahead`` full batches a live worker."""
+
+    batches_per_slot: int
+    full_ahead: int
+
+
+class Dispatch(NamedTuple):
+    """What a dispatch did: the capacity it left, and whether it sent its batch."""
+
+    capacity: Capacity
+    sent: bool
 
 
 class SlotRelease(NamedTuple):
@@ -100,27 +116,36 @@ class FleetState:
         return _counted(self._dispatch(keys=keys, args=args))
 
     def queue_dispatch(
-        self, pipe: Any, batch_id: str, reason: str, lease_s: float, message: str
-    ) -> Callable[[Any], Capacity]:
-        """Queues on ``pipe`` what ``dispatched`` does, ahead of commands of the caller's own
-        in the same round trip; returns the function that makes ``dispatched``'s return of
-        its reply (the pipeline executed with ``raise_on_error=False``). A dispatch Redis
-        refused for want of its script is made again alone, not the commands after it.
+        self,
+        pipe: Any,
+        batch_id: str,
+        reason: str,
+        lease_s: float,
+        message: str,
+        room: RoomRule | None = None,
+    ) -> Callable[[Any], Dispatch]:
+        """Queues on ``pipe`` what ``dispatched`` does, among commands of the caller's own in
+        the same round trip; returns the function that reads its reply (the pipeline executed
+        with ``raise_on_error=False``). With ``room``, the batch is sent only if the capacity
+        counted first has room for it by that rule. A dispatch Redis refused for want of its
+        script is made again alone, not the commands around it.
 
         Raises (the returned function):
             redis.ResponseError: Redis refused the dispatch otherwise.
         """
         keys, args = self._dispatch_call(batch_id, reason, lease_s, message)
+        if room is not None:
+            args += [room.batches_per_slot, room.full_ahead]
         lua.queue(pipe, self._dispatch, keys, args)
 
-        def counted(reply: Any) -> Capacity:
+        def dispatch(reply: Any) -> Dispatch:
             if isinstance(reply, NoScriptError):
-                return _counted(self._dispatch(keys=keys, args=args))
-            if isinstance(reply, Exception):
+                reply = self._dispatch(keys=keys, args=args)
+            elif isinstance(reply, Exception):
                 raise reply
-            return _counted(reply)
+            return Dispatch(_counted(reply), room is None or bool(reply[2]))
 
-        return counted
+        return dispatch
 
     def _dispatch_call(
         self, batch_id: str, reason: str, lease_s: float, message: str | None
@@ -173,11 +198,16 @@ class FleetState:
         counts once the BLPOP returns."""
 
         def build(pipe: Any) -> None:
-            pipe.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
+            self.queue_wait(pipe, timeout_s)
             self.queue_count(pipe, lease_s)
 
         _, counted = lua.execute(self._client, build, [self._capacity])
         return _counted(counted)
+
+    def queue_wait(self, pipe: Any, timeout_s: float) -> None:
+        """Queues on ``pipe`` the wait ``wait_for_slot`` makes: the commands after it run once
+        it returns."""
+        pipe.blpop([self._keys.slot_free(self._model)], timeout=max(timeout_s, 0.01))
 
     def queue_count(self, pipe: Any, lease_s: float) -> None:
         """Queues the count ``capacity`` makes on ``pipe``, after a command whose reply
