@@ -676,6 +676,11 @@ def test_requests_read_while_redis_lost_its_scripts_are_still_sent(
     assert [request_id for _, request_id in celery.sent[1]["args"][2]] == ahead
 
 
+def ids_sent(task: dict[str, Any]) -> list[str]:
+    """The request ids a sent batch task names."""
+    return [request_id for _, request_id in task["args"][2]]
+
+
 def test_a_full_batch_is_sent_in_the_round_trip_that_reads_the_next_one(
     batcher: ModelBatcher,
     producer: Producer,
@@ -689,15 +694,12 @@ def test_a_full_batch_is_sent_in_the_round_trip_that_reads_the_next_one(
     second = producer.submit_many("synthetic", ["e", "f", "g", "h"])
     batcher.step()
     batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [first]
+    assert [ids_sent(task) for task in celery.sent] == [first]
     assert fake_redis.xpending(STREAM, CONSUMER_GROUP)["pending"] == 8
     assert fake_redis.xinfo_groups(STREAM)[0]["lag"] == 0
     FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
     batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [
-        first,
-        second,
-    ]
+    assert [ids_sent(task) for task in celery.sent] == [first, second]
 
 
 def test_a_batch_sent_while_redis_lost_its_scripts_goes_out_once(
@@ -715,14 +717,11 @@ def test_a_batch_sent_while_redis_lost_its_scripts_goes_out_once(
     batcher.step()
     fake_redis.script_flush()
     batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [first]
+    assert [ids_sent(task) for task in celery.sent] == [first]
     assert fake_redis.hget(KEYS.stats("synthetic"), stats_fields.batches("size")) == b"1"
     FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
     batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == [
-        first,
-        second,
-    ]
+    assert [ids_sent(task) for task in celery.sent] == [first, second]
 
 
 def queue_full_batches(
@@ -740,6 +739,7 @@ def queue_full_batches(
 
 @pytest.fixture
 def three_batches(settings: Settings, fake_redis: fakeredis.FakeRedis) -> list[list[str]]:
+    """Three full batches' request ids, queued."""
     return queue_full_batches(settings, fake_redis, 3)
 
 
@@ -752,14 +752,12 @@ def test_a_full_batch_waiting_for_room_is_sent_in_the_round_trip_that_waits(
     """With its one slot busy and one full batch ahead, the worker has no room: the next
     full batch waits in the batcher, and the step that sees a slot free sends it at once."""
     add_worker(fake_redis)
-    batches = three_batches
     for _ in range(4):
         batcher.step()
-    sent = [[request_id for _, request_id in task["args"][2]] for task in celery.sent]
-    assert sent == batches[:2]
+    assert [ids_sent(task) for task in celery.sent] == three_batches[:2]
     FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
     batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == batches
+    assert [ids_sent(task) for task in celery.sent] == three_batches
     assert fake_redis.hget(KEYS.stats("synthetic"), stats_fields.batches("size")) == b"3"
 
 
@@ -772,13 +770,12 @@ def test_a_full_batch_sent_after_a_wait_while_redis_lost_its_scripts_goes_out_on
     """The dispatch that follows a wait for a slot, refused for want of its script, is made
     again alone: its batch is sent once, without waiting again."""
     add_worker(fake_redis)
-    batches = three_batches
     for _ in range(3):
         batcher.step()
     FleetState(fake_redis, KEYS, "synthetic").batch_done(celery.sent[0]["args"][1], lease_s=55)()
     fake_redis.script_flush()
     batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == batches
+    assert [ids_sent(task) for task in celery.sent] == three_batches
 
 
 def test_full_batches_that_wait_for_room_go_out_in_order_as_slots_free(
@@ -799,7 +796,7 @@ def test_full_batches_that_wait_for_room_go_out_in_order_as_slots_free(
         assert len(celery.sent) == sent
         state.batch_done(celery.sent[sent - 2]["args"][1], lease_s=55)()
         batcher.step()
-    assert [[request_id for _, request_id in task["args"][2]] for task in celery.sent] == batches
+    assert [ids_sent(task) for task in celery.sent] == batches
 
 
 def taken_by_a_dead_process(client: fakeredis.FakeRedis, batcher: ModelBatcher) -> list[Any]:

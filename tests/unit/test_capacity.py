@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from config.keys import Keys
-from workers.protocol.capacity import FleetState, RoomRule, worker_member
+from workers.protocol.capacity import Dispatch, FleetState, RoomRule, worker_member
 from workers.protocol.results import ResultWriter
 
 LEASE_S = 45.0
@@ -123,7 +123,7 @@ def test_a_dispatch_that_waited_for_room_sends_only_when_there_is_room(
     state.dispatched("first", "size", LEASE_S)
     state.dispatched("second", "size", LEASE_S)
 
-    def dispatch_when_room() -> Any:
+    def dispatch_when_room() -> Dispatch:
         with fake_redis.pipeline(transaction=False) as pipe:
             done = state.queue_dispatch(pipe, "third", "size", LEASE_S, "message", RoomRule(1, 1))
             (reply,) = pipe.execute(raise_on_error=False)
