@@ -214,7 +214,8 @@ class ModelBatcher:
                 self._expire_backlog()
             ready = self._ready_for_room(policy)
             if ready.batch:
-                self._send_when_room(ready, min(wait_s, BACKLOG_SCAN_S))
+                task = self._task(ready.batch, ready.flush_reason)
+                self._send_with_read(task, ready.batch, min(wait_s, BACKLOG_SCAN_S))
             else:
                 self._counted = self._state.wait_for_slot(
                     min(wait_s, BACKLOG_SCAN_S), self._lease_s
@@ -416,16 +417,14 @@ class ModelBatcher:
         task = self._task(batch, reason)
         # While batches leave full (the stream is deep), the round trip that sends this one
         # reads the pool full again: the next one is formed without a read of its own.
-        refill = self._refill(batch) if reason in FULL_REASONS else 0
-        self._sent(task, batch, self._send(task, reason or "other", refill))
+        if reason in FULL_REASONS and self._piggybacks():
+            self._send_with_read(task, batch)
+        else:
+            self._sent(task, batch, self._send(task, reason or "other"))
 
     def _task(self, batch: Sequence[Pending], reason: str | None) -> BatchTask:
         entries = [(item.entry_id, item.request.request_id) for item in batch]
         return BatchTask(self.model, uuid.uuid4().hex, entries, reason)
-
-    def _refill(self, batch: Sequence[Pending]) -> int:
-        """How many requests fill the pool again once ``batch`` has left it."""
-        return self._pool_size - len(self._pending) + len(batch)
 
     def _sent(self, task: BatchTask, batch: Sequence[Pending], counted: Capacity) -> None:
         """Lets go of a batch sent, keeping the capacity its dispatch counted."""
@@ -458,49 +457,57 @@ class ModelBatcher:
             return Plan()
         return plan_batch(list(self._pending.values()), policy, monotonic(), 0, full_ahead=1)
 
-    def _send_when_room(self, plan: Plan, timeout_s: float) -> None:
-        """Waits for a slot to free (``timeout_s`` at most), then sends ``plan``'s full batch
-        if the model has room for it and reads the pool full again, all in one round trip:
-        what a wait for a slot, the step that sends and its read took three for. Room is
-        counted after the wait, as the step would; a batch without room stays pending."""
-        task = self._task(plan.batch, plan.flush_reason)
+    def _send_with_read(
+        self, task: BatchTask, batch: Sequence[Pending], wait_s: float | None = None
+    ) -> None:
+        """Sends ``batch`` (``task``) by the dispatch script and reads the pool full again, in
+        one round trip. With ``wait_s``, a wait for a slot to free (that long at most) goes
+        first, and the batch is sent only if the model has room for it then (``RoomRule``,
+        counted after the wait, as the step would): what a wait, the step that sends and its
+        read took three round trips for. A batch without room stays pending."""
         message = batch_message(task, self.keys.celery_queue(self.model))
-        rule = RoomRule(self.settings.batcher.batches_per_worker_slot, FULL_BATCHES_AHEAD)
-        reason = plan.flush_reason or "other"
-        refill = self._refill(plan.batch)  # none while a batch that found no room is held
+        rule = None
+        if wait_s is not None:
+            rule = RoomRule(self.settings.batcher.batches_per_worker_slot, FULL_BATCHES_AHEAD)
+        # What fills the pool again once the batch has left it: none while the batcher holds
+        # a batch that found no room and the batch read after it.
+        refill = self._pool_size - len(self._pending) + len(batch)
         with self._client.pipeline(transaction=False) as pipe:
-            self._state.queue_wait(pipe, timeout_s)
+            if wait_s is not None:
+                self._state.queue_wait(pipe, wait_s)
             dispatch = self._state.queue_dispatch(
-                pipe, task.batch_id, reason, self._lease_s, message, rule
+                pipe, task.batch_id, task.flush_reason or "other", self._lease_s, message, rule
             )
             if refill > 0:
                 pipe.xreadgroup(**self._read_args(refill, None))
-            woken, dispatch_reply, *read = pipe.execute(raise_on_error=False)
-        for reply in read:
-            self._take_read(reply)
+            replies = pipe.execute(raise_on_error=False)
+        woken = replies.pop(0) if wait_s is not None else None
+        dispatch_reply, *read = replies
+        for reply in read:  # a read that failed is left to the next step's own
+            if isinstance(reply, Exception):
+                log.warning("model %s: nothing read with the batch sent: %s", self.model, reply)
+            else:
+                self._take(entries_of(reply))
         done = dispatch(dispatch_reply)
         if done.sent:
-            self._sent(task, plan.batch, done.capacity)
+            self._sent(task, batch, done.capacity)
         else:
             self._counted = done.capacity
         if isinstance(woken, Exception):
             raise woken
 
-    def _send(self, task: BatchTask, reason: str, refill: int = 0) -> Capacity:
+    def _send(self, task: BatchTask, reason: str) -> Capacity:
         """Records the batch in flight and sends its task; the capacity left.
 
         On the fleet's Redis, the dispatch script pushes the task's message in the same round
-        trip, which also takes up to ``refill`` new requests (but where batches are formed by
-        cost or on a Redis Cluster); on a broker of its own, Celery sends it, and a send that
-        fails takes the batch out of flight again (its requests stay pending here, for the
-        next step).
+        trip; on a broker of its own, Celery sends it, and a send that fails takes the batch
+        out of flight again (its requests stay pending here, for the next step).
         """
         queue = self.keys.celery_queue(self.model)
         if self._broker_is_fleet_redis:
-            message = batch_message(task, queue)
-            if refill <= 0 or not self._piggybacks():
-                return self._state.dispatched(task.batch_id, reason, self._lease_s, message)
-            return self._dispatch_and_read(task.batch_id, reason, message, refill)
+            return self._state.dispatched(
+                task.batch_id, reason, self._lease_s, batch_message(task, queue)
+            )
         counted = self._state.dispatched(task.batch_id, reason, self._lease_s)
         try:
             self._celery.send_task(
@@ -510,24 +517,6 @@ class ModelBatcher:
             self._state.undispatched(task.batch_id)
             raise
         return counted
-
-    def _dispatch_and_read(self, batch_id: str, reason: str, message: str, count: int) -> Capacity:
-        """``FleetState.dispatched`` and a read of up to ``count`` new requests, held as
-        ``_read`` does, in one round trip. A read that fails is left to the next step's own."""
-        with self._client.pipeline(transaction=False) as pipe:
-            counted = self._state.queue_dispatch(pipe, batch_id, reason, self._lease_s, message)
-            pipe.xreadgroup(**self._read_args(count, None))
-            dispatch_reply, read_reply = pipe.execute(raise_on_error=False)
-        self._take_read(read_reply)
-        return counted(dispatch_reply).capacity
-
-    def _take_read(self, reply: Any) -> None:
-        """Holds what a read sent with a dispatch took; a read that failed is left to the next
-        step's own."""
-        if isinstance(reply, Exception):
-            log.warning("model %s: nothing read with the batch sent: %s", self.model, reply)
-        else:
-            self._take(entries_of(reply))
 
 
 def run_batchers(
