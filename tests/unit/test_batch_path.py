@@ -194,9 +194,14 @@ def test_expired_request_gets_an_expired_error_and_is_never_sent(
 def test_malformed_stream_entries_never_crash_the_batcher(
     batcher: ModelBatcher, fake_redis: fakeredis.FakeRedis, celery: RecordingCelery
 ) -> None:
-    """A hand-written bad entry with an id gets invalid_input; one without an id is dropped."""
+    """A hand-written bad entry with an id gets invalid_input (bytes that are not UTF-8 in its
+    input included); one without an id is dropped."""
     add_worker(fake_redis)
     fake_redis.xadd(STREAM, {STREAM_FIELD: json.dumps({"request_id": "bad-1", "input": 1})})
+    not_utf8 = ProducerCore(batcher.settings).prepare("synthetic", "x", request_id="bad-utf8")
+    fake_redis.xadd(
+        STREAM, {STREAM_FIELD: not_utf8.encoded.encode().replace(b'"input":"x"', b'"input":"\xff"')}
+    )
     fake_redis.xadd(STREAM, {STREAM_FIELD: "not json at all"})
     fake_redis.xadd(STREAM, {"other": "field"})
     fake_redis.xadd(STREAM, {STREAM_FIELD: b"\xff\xfe not utf-8"})
@@ -215,6 +220,7 @@ def test_malformed_stream_entries_never_crash_the_batcher(
     batcher.step()
     batcher.step()
     assert stored_result(fake_redis, "bad-1").error.code == "invalid_input"  # type: ignore[union-attr]
+    assert stored_result(fake_redis, "bad-utf8").error.code == "invalid_input"  # type: ignore[union-attr]
     nan_result = stored_result(fake_redis, nan_deadline["request_id"])
     assert nan_result.error is not None and nan_result.error.code == "invalid_input"
     assert celery.sent == []

@@ -209,7 +209,7 @@ class ResultWriter:
             key = self._keys.cache(self._model, answer.digest)
             pipe.set(key, cache_entry(version, output), px=self._cache_ttl_ms)
 
-    def bury(self, poison: Sequence[tuple[str, str, int]]) -> None:
+    def bury(self, poison: Sequence[tuple[str, bytes | str, int]]) -> None:
         """Copies requests given up as poison (entry id, raw request, deaths) to the model's
         dead-letter stream, for an operator to inspect or replay; it keeps the newest
         ~``DEAD_LETTER_MAXLEN``."""
