@@ -47,9 +47,9 @@ from config.schema import (
     STREAM_FIELD,
     Priority,
     Request,
+    RequestEncoder,
     Result,
     canonical_json,
-    encode_request,
     input_digest,
     is_valid_request_id,
 )
@@ -293,15 +293,15 @@ class ProducerCore:
         record_ttl_ms = int((checked.timeout_s + policy.result_ttl_s) * 1000)
         result_ttl_ms = int(policy.result_ttl_s * 1000)
         submitted_at = checked.checked_at
-        deadline_at = submitted_at + checked.timeout_s
+        requests = RequestEncoder(
+            model, submitted_at, submitted_at + checked.timeout_s, checked.priority
+        )
         prepared = []
         for request_id, input_json in zip(
             checked.request_ids[start:stop], checked.inputs_json[start:stop], strict=True
         ):
             digest = input_digest(model, input_json)
-            encoded = encode_request(
-                request_id, model, input_json, digest, submitted_at, deadline_at, checked.priority
-            )
+            encoded = requests.encode(request_id, input_json, digest)
             # Positional, in the fields' order: half the time of naming them, per request.
             prepared.append(
                 Prepared(

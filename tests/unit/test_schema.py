@@ -8,11 +8,11 @@ from config.errors import InvalidInput, ModelError, RequestExpired, WireFormatEr
 from config.schema import (
     ErrorInfo,
     Request,
+    RequestEncoder,
     Result,
     ResultEncoder,
     cache_entry,
     canonical_json,
-    encode_request,
     input_digest,
     output_json,
 )
@@ -159,14 +159,8 @@ def test_result_unwrap_raises_the_error_for_its_code() -> None:
 
 def test_fast_request_encoding_decodes_to_the_same_request() -> None:
     """The producer's hand-built wire form is exactly a Request, ids and floats intact."""
-    wire = encode_request(
-        'id "quoted" é',
-        "model/1",
-        canonical_json({"b": [1.5, None], "a": "é"}),
-        "d" * 64,
-        1796045473.123456,
-        1796045533.987654,
-    )
+    requests = RequestEncoder("model/1", 1796045473.123456, 1796045533.987654)
+    wire = requests.encode('id "quoted" é', canonical_json({"b": [1.5, None], "a": "é"}), "d" * 64)
     request = Request.decode(wire)
     assert request == Request(
         request_id='id "quoted" é',
