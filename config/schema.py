@@ -295,15 +295,23 @@ class ResultEncoder:
             f',"model_s":{model_s!r},"worker":{_json_string(worker)},"cached":false,"submitted_at":'
         )
         self._end = f',"finished_at":{finished_at!r}}}'
+        # The last submit time encoded, and its repr: the requests admitted together share
+        # theirs, and a float's repr is the dearest part of a result.
+        self._submitted_at, self._submitted_repr = math.nan, ""
 
     def encode(self, request: Request, encoded_output: str, flush_reason: str | None) -> str:
         """The result of ``request`` carrying ``encoded_output`` (as ``output_json``
         encodes it); ``request`` is of the encoder's model."""
         reason = "null" if flush_reason is None else _json_string(flush_reason)
+        if request.submitted_at != self._submitted_at:
+            self._submitted_at, self._submitted_repr = (
+                request.submitted_at,
+                repr(request.submitted_at),
+            )
         return (
             f'{{"schema_version":1,"request_id":{_json_string(request.request_id)}'
             f"{self._before_output}{encoded_output}{self._before_reason}{reason}"
-            f"{self._before_submitted}{request.submitted_at!r}{self._end}"
+            f"{self._before_submitted}{self._submitted_repr}{self._end}"
         )
 
 

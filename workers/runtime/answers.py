@@ -9,7 +9,7 @@ from config import stats_fields
 from config.errors import InvalidInput
 from config.schema import ErrorCode, ResultEncoder, output_json
 from workers.models.base import ItemError
-from workers.protocol.results import Answer, error_answer, latency_sample
+from workers.protocol.results import Answer, LatencySamples, error_answer
 from workers.runtime.batch_run import BatchRun
 from workers.runtime.device import ModelRun
 
@@ -35,6 +35,7 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
             worker,
             run.finished_at,
         )
+        samples = LatencySamples(run.finished_at)
         for (entry_id, request), output in zip(run.runnables, run.outputs, strict=True):
             encoded = _encoded_output(output, run.error)
             if isinstance(encoded, tuple):
@@ -51,7 +52,7 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
                     request.request_id,
                     results.encode(request, encoded, batch.flush_reason_of(entry_id)),
                     stats_fields.COMPLETED,
-                    latency_sample(run.finished_at, request.submitted_at),
+                    samples.of(request.submitted_at),
                     request.digest,
                     batch.ttl_s,
                     (version, encoded),
