@@ -30,7 +30,8 @@ local RESULT, DIGEST, ENTRY, ANSWER_FIELD, LATENCY = 1, 2, 3, 4, 5
 local answers = (#KEYS - HEADER_KEYS) / ANSWER_KEYS
 
 -- Each answer's keys and args are read by index into locals: read through helper functions
--- they cost Redis 1.7–3.1 µs more an answer, a tenth of the script (benchmarks/README.md).
+-- they cost Redis 1.7 to 3.1 microseconds more an answer, a tenth of the script
+-- (benchmarks/README.md).
 local statuses, counts, entries, pushes, samples = {}, {}, {}, {}, {}
 for n = 1, answers do
   local k = HEADER_KEYS + (n - 1) * ANSWER_KEYS
