@@ -270,8 +270,9 @@ class ResultEncoder:
     """The wire forms of the results (:class:`Result`) one model call computed, built from
     their parts without building the models: the worker's hot path. What the call's results
     share (model, version, batch, model time, worker, finish time) is encoded once; each
-    result adds its request's id and submit time, its output and its flush reason. A unit
-    test pins it to ``Result.decode``."""
+    result adds its request's id and submit time, its output and its flush reason. It
+    remembers the last submit time it encoded: one thread uses an encoder. A unit test pins
+    it to ``Result.decode``."""
 
     def __init__(
         self,

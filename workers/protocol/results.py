@@ -136,7 +136,8 @@ def latency_sample(finished_at: float, submitted_at: float | None) -> str:
 
 class LatencySamples:
     """The latency samples (``latency_sample``) of answers finished together, each made once
-    for a run of answers submitted at one time: the requests of one admission share theirs."""
+    for a run of answers submitted at one time: the requests of one admission share theirs.
+    It remembers the last sample: one thread uses it."""
 
     def __init__(self, finished_at: float) -> None:
         self._finished_at = finished_at
