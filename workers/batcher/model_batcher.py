@@ -23,6 +23,7 @@ from kombu.exceptions import OperationalError
 from config import lua
 from config.batch_task import RUN_BATCH_TASK, BatchTask
 from config.connection import OUTAGES, REDIS_RETRY_PAUSE_S, connect
+from config.garbage_collection import settle_garbage_collection
 from config.keys import CONSUMER_GROUP, Keys, held_on_device
 from config.published_policy import encode_policy
 from config.replica_wait import ReplicaWait
@@ -539,6 +540,7 @@ def run_batchers(
         registry = batcher_registry(connect(settings), Keys(settings.key_prefix), models)
         health = [batcher.health for batcher in batchers]
         serve_metrics(registry, metrics_port, settings.metrics_host, health)
+    settle_garbage_collection()
     threads = [
         threading.Thread(target=batcher.run, args=(stop,), name=f"batcher-{batcher.model}")
         for batcher in batchers

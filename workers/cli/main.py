@@ -192,9 +192,11 @@ def cmd_flower(args: argparse.Namespace) -> int:
 def cmd_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from config.garbage_collection import settle_garbage_collection
     from workers.gateway.app import create_app
 
     app = create_app(load_settings())
+    settle_garbage_collection()
     config = uvicorn.Config(
         app,
         host=args.host,

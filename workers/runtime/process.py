@@ -17,6 +17,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutting_do
 
 from config.connection import connect
 from config.errors import ConfigError
+from config.garbage_collection import settle_garbage_collection
 from config.keys import Keys
 from config.settings import Settings
 from workers.protocol.capacity import claim_gpu
@@ -109,7 +110,7 @@ def run_worker(
         # Batches run in the children, each with a heartbeat of its own; the parent, where
         # Celery takes tasks, beats only the membership.
         # Its thread starts once the children are forked, never before a fork.
-        worker_process_init.connect(lambda **_: runtime.start(), weak=False)
+        worker_process_init.connect(lambda **_: _start_child(runtime), weak=False)
         heartbeat = Heartbeat(runtime, runs_batches=False)
         worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     else:
@@ -133,8 +134,16 @@ def run_worker(
         without_gossip=True,
         without_mingle=True,
     )
+    settle_garbage_collection()  # the models are loaded (with the threads pool), Celery built
     worker.start()
     return int(worker.exitcode or 0)
+
+
+def _start_child(runtime: WorkerRuntime) -> None:
+    """Readies a prefork child to run batches: its runtime started (its models loaded), then
+    its garbage collector settled."""
+    runtime.start()
+    settle_garbage_collection()
 
 
 def pinned_worker_commands(
