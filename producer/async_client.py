@@ -565,8 +565,8 @@ class AsyncProducer:
         return await self._stored(wait, pushed)
 
     async def _arrived(self, waiting: AsyncWaiting) -> list[Result]:
-        """What the inbox listener brings next for ``waiting``: an answer it waits for (none
-        for another), or after a reconnection every stored one (as ``_stored``).
+        """What the inbox listener brings next for ``waiting``: the answers of one delivery it
+        waits for (none of others), or after a reconnection every stored one (as ``_stored``).
 
         Raises:
             ResultTimeout: nothing came before the wait's deadline (naming the outage when
@@ -582,7 +582,7 @@ class AsyncProducer:
             return await self._stored(wait)
         if isinstance(item, BaseException):
             raise item
-        return [item] if self._took(wait, item) else []
+        return [result for result in item if self._took(wait, result)]
 
     def _took(self, wait: ResultWait, result: Result) -> bool:
         """Whether ``result`` answers an id ``wait`` still waits for; if so, ``wait`` takes

@@ -494,8 +494,8 @@ class Producer:
                     yield from self._stored(wait)
                 elif isinstance(item, BaseException):
                     raise item
-                elif wait.take(item):
-                    yield item
+                else:
+                    yield from (result for result in item if wait.take(result))
         finally:
             self._listener.forget(wait.ids, arrived)
 

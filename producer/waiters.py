@@ -2,8 +2,9 @@
 
 Each ``results`` call waits on one queue of its own (``queue.SimpleQueue`` for ``Producer``,
 ``AsyncArrivals`` for ``AsyncProducer``, whose listener runs on the caller's loop), registered
-for every id it waits for: a delivered result, or the error that ended the wait, is put there;
-so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
+for every id it waits for: the results of one delivery it waits for are put there as one list
+(one wake-up of the waiting call a delivery, not one a result), or the error that ended the
+wait; so is ``RECONNECTED`` when the listener reaches Redis again after losing it.
 
 Ids can also be *held*: their answers will be pushed to this inbox though no call waits for
 them yet (``submit`` admits its request so, on either producer). A held id's answer that arrives
@@ -33,7 +34,7 @@ class Reconnected:
 
 RECONNECTED = Reconnected()
 
-Arrival = Result | BaseException | Reconnected
+Arrival = list[Result] | BaseException | Reconnected
 
 
 class ResultQueue(Protocol):
@@ -136,17 +137,19 @@ class Waiters:
         """Registers ``queue`` for the result of each of ``request_ids``; returns those whose
         answers need no watch call: held ones, and those that came early (put in ``queue``
         now)."""
-        covered = set()
+        covered, early = set(), []
         with self._lock:
             for request_id in request_ids:
-                early = self._early.pop(request_id, None)
-                if early is not None:
-                    queue.put_nowait(early)
+                result = self._early.pop(request_id, None)
+                if result is not None:
+                    early.append(result)
                     covered.add(request_id)
                     continue
                 if request_id in self._held:
                     covered.add(request_id)
                 self._waiting.setdefault(request_id, []).append(queue)
+        if early:
+            queue.put_nowait(early)
         return covered
 
     def hold(self, request_ids: Iterable[str]) -> None:
@@ -173,16 +176,25 @@ class Waiters:
                     self._waiting.pop(request_id, None)
 
     def deliver(self, results: Iterable[Result]) -> None:
-        """Puts each result in the queues waiting for it (each gets it once)."""
-        for result in results:
-            with self._lock:
+        """Puts each result in the queues waiting for it (each gets it once), those of one
+        queue as one list: the waiting call wakes and takes its lock once a delivery, not
+        once a result."""
+        arrivals: dict[int, tuple[ResultQueue, list[Result]]] = {}
+        with self._lock:
+            for result in results:
                 queues = self._waiting.pop(result.request_id, [])
                 held = self._held.pop(result.request_id, False)
                 if held and not queues:
                     self._early[result.request_id] = result
-                    _keep_newest(self._early)
-            for queue in queues:
-                queue.put_nowait(result)
+                for queue in queues:
+                    arrival = arrivals.get(id(queue))
+                    if arrival is None:
+                        arrivals[id(queue)] = (queue, [result])
+                    else:
+                        arrival[1].append(result)
+            _keep_newest(self._early)
+        for queue, arrived in arrivals.values():
+            queue.put_nowait(arrived)
 
     def fail_all(self, error: BaseException) -> None:
         """Ends every wait with ``error`` (Redis refused the listener): each waiting queue gets

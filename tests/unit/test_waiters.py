@@ -37,9 +37,9 @@ def test_an_answer_that_comes_before_its_wait_is_handed_to_the_wait() -> None:
     registry.hold(["early", "late"])
     registry.deliver([answer("early")])
     assert registry.add(["early", "late"], arrivals) == {"early", "late"}
-    assert taken(arrivals) == [answer("early")]
+    assert taken(arrivals) == [[answer("early")]]
     registry.deliver([answer("late")])
-    assert taken(arrivals) == [answer("late")]
+    assert taken(arrivals) == [[answer("late")]]
 
 
 def test_a_wait_takes_an_early_answer_once() -> None:
@@ -49,7 +49,18 @@ def test_a_wait_takes_an_early_answer_once() -> None:
     registry.deliver([answer("id")])
     assert registry.add(["id"], first) == {"id"}
     assert registry.add(["id"], second) == set()
-    assert taken(first) == [answer("id")] and taken(second) == []
+    assert taken(first) == [[answer("id")]] and taken(second) == []
+
+
+def test_a_delivery_wakes_each_wait_once_with_all_of_its_answers() -> None:
+    registry, first, second = Waiters(), queue.SimpleQueue[Arrival](), queue.SimpleQueue[Arrival]()
+    registry.add(["a", "b"], first)
+    registry.add(["c", "d"], second)
+    registry.deliver([answer("a"), answer("c"), answer("stranger"), answer("b")])
+    assert taken(first) == [[answer("a"), answer("b")]]
+    assert taken(second) == [[answer("c")]]
+    registry.deliver([answer("d")])
+    assert taken(second) == [[answer("d")]]
 
 
 def test_answers_of_ids_not_held_are_not_kept() -> None:
@@ -72,7 +83,7 @@ def test_beyond_the_bound_the_oldest_early_answers_are_forgotten(
     registry.hold(ids)
     registry.deliver([answer(request_id) for request_id in ids])
     assert registry.add(ids, arrivals) == {"r2", "r3", "r4"}
-    assert taken(arrivals) == [answer("r2"), answer("r3"), answer("r4")]
+    assert taken(arrivals) == [[answer("r2"), answer("r3"), answer("r4")]]
 
 
 def test_beyond_the_bound_the_oldest_held_ids_are_released(
@@ -94,7 +105,7 @@ def test_after_a_reconnection_no_id_is_held() -> None:
     assert taken(waiting) == [RECONNECTED]
     assert registry.add(["not yet"], later) == set()
     registry.deliver([answer("waited")])
-    assert taken(waiting) == [answer("waited")]
+    assert taken(waiting) == [[answer("waited")]]
 
 
 def test_a_burst_of_single_submits_holds_only_the_newest() -> None:
@@ -108,12 +119,12 @@ def test_a_burst_of_single_submits_holds_only_the_newest() -> None:
 def test_an_async_wait_gets_what_came_before_and_while_it_waits() -> None:
     async def scenario() -> list[Arrival]:
         arrivals = AsyncArrivals(DeadlineTicks())
-        arrivals.put_nowait(answer("before"))
+        arrivals.put_nowait([answer("before")])
         first = await arrivals.get(timeout_s=30)
-        asyncio.get_running_loop().call_soon(arrivals.put_nowait, answer("while"))
+        asyncio.get_running_loop().call_soon(arrivals.put_nowait, [answer("while")])
         return [first, await arrivals.get(timeout_s=30)]
 
-    assert asyncio.run(scenario()) == [answer("before"), answer("while")]
+    assert asyncio.run(scenario()) == [[answer("before")], [answer("while")]]
 
 
 def test_an_async_wait_with_nothing_coming_times_out_and_takes_what_comes_later() -> None:
@@ -135,10 +146,10 @@ def test_a_cancelled_async_wait_leaves_the_arrivals_usable() -> None:
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        arrivals.put_nowait(answer("after"))
+        arrivals.put_nowait([answer("after")])
         return await arrivals.get(timeout_s=30)
 
-    assert asyncio.run(scenario()) == answer("after")
+    assert asyncio.run(scenario()) == [answer("after")]
 
 
 def test_a_wait_timing_out_leaves_the_waits_that_share_its_deadlines_waiting() -> None:
@@ -148,13 +159,13 @@ def test_a_wait_timing_out_leaves_the_waits_that_share_its_deadlines_waiting() -
         waiting = [asyncio.create_task(late.get(timeout_s=30))]
         waiting.append(asyncio.create_task(answered.get(timeout_s=0.01)))
         await asyncio.sleep(0)
-        answered.put_nowait(answer("in time"))
+        answered.put_nowait([answer("in time")])
         with pytest.raises(TimeoutError):
             await soon.get(timeout_s=0.01)
-        late.put_nowait(answer("late"))
+        late.put_nowait([answer("late")])
         return list(await asyncio.gather(*waiting))
 
-    assert asyncio.run(scenario()) == [answer("late"), answer("in time")]
+    assert asyncio.run(scenario()) == [[answer("late")], [answer("in time")]]
 
 
 def test_async_waits_of_a_later_event_loop_time_out_as_well() -> None:
