@@ -7,6 +7,7 @@ under the request id and pushed to each waiting producer's inbox.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -270,9 +271,8 @@ class ResultEncoder:
     """The wire forms of the results (:class:`Result`) one model call computed, built from
     their parts without building the models: the worker's hot path. What the call's results
     share (model, version, batch, model time, worker, finish time) is encoded once; each
-    result adds its request's id and submit time, its output and its flush reason. It
-    remembers the last submit time it encoded: one thread uses an encoder. A unit test pins
-    it to ``Result.decode``."""
+    result adds its request's id and submit time, its output and its flush reason. It keeps
+    the repr of the last submit time it encoded. A unit test pins it to ``Result.decode``."""
 
     def __init__(
         self,
@@ -296,23 +296,19 @@ class ResultEncoder:
             f',"model_s":{model_s!r},"worker":{_json_string(worker)},"cached":false,"submitted_at":'
         )
         self._end = f',"finished_at":{finished_at!r}}}'
-        # The last submit time encoded, and its repr: the requests admitted together share
-        # theirs, and a float's repr is the dearest part of a result.
-        self._submitted_at, self._submitted_repr = math.nan, ""
+        # The last submit time's repr, kept: the requests admitted together share their submit
+        # time, and a float's repr is the dearest part of a result.
+        self._submitted_repr = functools.lru_cache(maxsize=1)(repr)
 
     def encode(self, request: Request, encoded_output: str, flush_reason: str | None) -> str:
         """The result of ``request`` carrying ``encoded_output`` (as ``output_json``
         encodes it); ``request`` is of the encoder's model."""
         reason = "null" if flush_reason is None else _json_string(flush_reason)
-        if request.submitted_at != self._submitted_at:
-            self._submitted_at, self._submitted_repr = (
-                request.submitted_at,
-                repr(request.submitted_at),
-            )
+        submitted = self._submitted_repr(request.submitted_at)
         return (
             f'{{"schema_version":1,"request_id":{_json_string(request.request_id)}'
             f"{self._before_output}{encoded_output}{self._before_reason}{reason}"
-            f"{self._before_submitted}{self._submitted_repr}{self._end}"
+            f"{self._before_submitted}{submitted}{self._end}"
         )
 
 

@@ -179,7 +179,7 @@ class Waiters:
         """Puts each result in the queues waiting for it (each gets it once), those of one
         queue as one list: the waiting call wakes and takes its lock once a delivery, not
         once a result."""
-        arrivals: dict[int, tuple[ResultQueue, list[Result]]] = {}
+        arrivals: dict[ResultQueue, list[Result]] = {}  # queues hash by identity
         with self._lock:
             for result in results:
                 queues = self._waiting.pop(result.request_id, [])
@@ -187,13 +187,9 @@ class Waiters:
                 if held and not queues:
                     self._early[result.request_id] = result
                 for queue in queues:
-                    arrival = arrivals.get(id(queue))
-                    if arrival is None:
-                        arrivals[id(queue)] = (queue, [result])
-                    else:
-                        arrival[1].append(result)
+                    arrivals.setdefault(queue, []).append(result)
             _keep_newest(self._early)
-        for queue, arrived in arrivals.values():
+        for queue, arrived in arrivals.items():
             queue.put_nowait(arrived)
 
     def fail_all(self, error: BaseException) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import time
 from collections.abc import Sequence
 from operator import attrgetter
@@ -132,23 +131,6 @@ def latency_sample(finished_at: float, submitted_at: float | None) -> str:
     if submitted_at is None:
         return ""
     return f"{finished_at:.3f}:{finished_at - submitted_at:.4f}"
-
-
-class LatencySamples:
-    """The latency samples (``latency_sample``) of answers finished together, each made once
-    for a run of answers submitted at one time: the requests of one admission share theirs.
-    It remembers the last sample: one thread uses it."""
-
-    def __init__(self, finished_at: float) -> None:
-        self._finished_at = finished_at
-        self._submitted_at: float | None = math.nan  # the last sample's submit time
-        self._sample = ""
-
-    def of(self, submitted_at: float | None) -> str:
-        if submitted_at != self._submitted_at:
-            self._submitted_at = submitted_at
-            self._sample = latency_sample(self._finished_at, submitted_at)
-        return self._sample
 
 
 class ResultWriter:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from functools import partial
 from typing import Any
 
 from config import stats_fields
 from config.errors import InvalidInput
 from config.schema import ErrorCode, ResultEncoder, output_json
 from workers.models.base import ItemError
-from workers.protocol.results import Answer, LatencySamples, error_answer
+from workers.protocol.results import Answer, error_answer, latency_sample
 from workers.runtime.batch_run import BatchRun
 from workers.runtime.device import ModelRun
 
@@ -35,7 +37,8 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
             worker,
             run.finished_at,
         )
-        samples = LatencySamples(run.finished_at)
+        # Made once for a run of answers submitted at one time (one admission's requests).
+        sample = functools.lru_cache(maxsize=1)(partial(latency_sample, run.finished_at))
         for (entry_id, request), output in zip(run.runnables, run.outputs, strict=True):
             encoded = _encoded_output(output, run.error)
             if isinstance(encoded, tuple):
@@ -52,7 +55,7 @@ def answers_of(batch: BatchRun, runs: list[ModelRun], version: str, worker: str)
                     request.request_id,
                     results.encode(request, encoded, batch.flush_reason_of(entry_id)),
                     stats_fields.COMPLETED,
-                    samples.of(request.submitted_at),
+                    sample(request.submitted_at),
                     request.digest,
                     batch.ttl_s,
                     (version, encoded),
