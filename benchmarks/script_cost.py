@@ -5,8 +5,8 @@ Run: .venv/bin/python benchmarks/script_cost.py [--batch-sizes 32 256] [--rounds
 On a private redis-server, for a batch of the synthetic model's requests built by the
 project's own code, it makes each call of the request path in turn: the admission script
 (``Producer.submit_many``), the watch script (``results``), the batcher's read, the worker's
-start and finalize scripts, and the producer's read of its inbox. Around each it reads the
-server's CPU time (``INFO cpu``, user + system), less what a read of it alone costs, and
+start (its claim) and finalize script, and the producer's read of its inbox. Around each it
+reads the server's CPU time (``INFO cpu``, user + system), less what a read of it alone costs, and
 prints the median over ``--rounds`` rounds in µs per request, for each call and in all. No
 other process uses that server meanwhile, so the figures hold Redis's work alone; their sum
 against ``pipeline_cpu.py``'s redis-server column says what the rest (Celery's broker
@@ -103,7 +103,7 @@ class RequestPath:
 
     def start(self) -> None:
         entry_ids = [entry_id for entry_id, _, _ in self._entries]
-        self._writer.start_batch("b-1", "w0|1", WORKER, entry_ids, self.request_ids())
+        self._writer.start_batch("b-1", "w0|1", WORKER, entry_ids)
 
     def finalize(self) -> None:
         batch, run, version = synthetic_run(

@@ -560,8 +560,8 @@ class ProducerCore:
     ) -> tuple[list[str], list[str | int | bytes]]:
         """The keys and args of the cancel script for ``request_id`` of ``model``, given its
         admission record as just read (None: there is none). A queued request's record names
-        its stream entry (``digest:entry:model``), which the script takes off the stream
-        while no batcher has read it."""
+        its stream entry (``digest:entry:model``), which the script takes off the stream and
+        its consumer group's ledger."""
         ttl_s = max(policy.result_ttl_s for policy in self.fleet.models.values())
         entry = queued_at(record)
         result = {
@@ -575,6 +575,7 @@ class ProducerCore:
             self.keys.result(model, request_id),
             self.keys.stats(model),
             self.keys.stream(model),
+            self.keys.attempts(model),
         ]
         args: list[str | int | bytes] = [
             b"" if record is None else record,

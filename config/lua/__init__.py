@@ -44,7 +44,6 @@ ScriptName = Literal[
     "renew_claim",
     "capacity",
     "dispatch",
-    "start_batch",
     "lower_batch_cap",
     "raise_batch_cap",
     "prune_consumers",

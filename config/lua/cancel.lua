@@ -1,17 +1,19 @@
--- Ends a request 'cancelled' unless it has its final answer: a request no batcher has read
--- yet leaves the stream at once (it never runs); one a batcher or a waiting batch holds is
--- skipped when its batch starts (its answer exists); one on a device now runs on, and its
--- output is discarded (first answer wins).
+-- Ends a request 'cancelled' unless it has its final answer: its stream entry (if it is
+-- queued) is deleted and acknowledged, so a request no batcher has read yet never runs, one a
+-- batcher or a waiting batch holds is skipped when its batch starts (a batch claims only the
+-- entries still in the stream: ResultWriter.start_batch), and no one reclaims it; one on a
+-- device now runs on, and its output is discarded (first answer wins).
 -- The caller reads the admission record first and passes what it read: the script acts only
 -- if the record still holds exactly that.
 -- Returns 'unknown' (no record), 'changed' (the record is not what the caller read: read it
--- again), 'final' (it had its answer), 'removed' (taken off the stream) or 'cancelled'.
+-- again), 'final' (it had its answer) or 'cancelled'.
 --#include publish_answer.lua
 
 local record_key = KEYS[1]
 local result_key = KEYS[2]
 local stats = KEYS[3]
 local stream = KEYS[4]
+local attempts = KEYS[5]
 
 local record_read = ARGV[1]
 local result = ARGV[2]  -- the cancelled result's JSON
@@ -30,24 +32,7 @@ add_pushes(pushes, inboxes, result, ttl_ms)
 push_answers(pushes)
 if entry == '' then return 'cancelled' end
 redis.call('HINCRBY', stats, cancelled_field, 1)
-
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
-local delivered = '0-0'
-if ok then
-  for _, info in ipairs(groups) do
-    local fields = {}
-    for j = 1, #info, 2 do fields[info[j]] = info[j + 1] end
-    if fields['name'] == group then delivered = fields['last-delivered-id'] end
-  end
-end
-local function parts(id)
-  local _, _, ms, seq = string.find(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local ems, eseq = parts(entry)
-local dms, dseq = parts(delivered)
-if ems > dms or (ems == dms and eseq > dseq) then
-  redis.call('XDEL', stream, entry)
-  return 'removed'
-end
+redis.call('XACK', stream, group, entry)
+redis.call('XDEL', stream, entry)
+redis.call('HDEL', attempts, entry)
 return 'cancelled'

@@ -29,9 +29,8 @@ def ack_on_receipt(
     member: str,
     consumer: str,
     entry_ids: Sequence[str],
-    request_ids: Sequence[str],
-) -> tuple[list[bool], list[Any]]:
-    started = start_batch(self, batch_id, member, consumer, entry_ids, request_ids)
+) -> list[Any]:
+    started = start_batch(self, batch_id, member, consumer, entry_ids)
     if entry_ids:
         self._client.xack(self._keys.stream(self._model), CONSUMER_GROUP, *entry_ids)
     return started

@@ -429,16 +429,20 @@ def test_cancel_removes_a_request_no_batcher_has_read(
     assert stats(store, keys)[stats_fields.failed("cancelled")] == 1
 
 
-def test_cancel_leaves_a_read_request_in_the_stream(
+def test_cancel_takes_a_read_request_off_the_stream_and_its_ledger(
     store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
 ) -> None:
-    """A request a batcher holds stays pending (its batch skips it), answered ``cancelled``."""
+    """A request a batcher holds is answered ``cancelled`` and leaves the stream and the
+    group's pending entries, so its batch skips it and no one reclaims it."""
     store.xgroup_create(keys.stream(MODEL), CONSUMER_GROUP, id="0", mkstream=True)
     (item,) = prepare(core, "a")
     admit(store, core, [item])
     store.xreadgroup(CONSUMER_GROUP, "batcher", {keys.stream(MODEL): ">"})
+    store.hset(keys.attempts(MODEL), entry_of(store, item), 1)
     assert producer.cancel(item.request_id) is True
-    assert store.xlen(keys.stream(MODEL)) == 1
+    assert store.xlen(keys.stream(MODEL)) == 0
+    assert store.xpending(keys.stream(MODEL), CONSUMER_GROUP)["pending"] == 0
+    assert store.hlen(keys.attempts(MODEL)) == 0
     assert Result.decode(store.get(item.result_key)).error is not None
     assert stats(store, keys)[stats_fields.failed("cancelled")] == 1
 
@@ -583,33 +587,29 @@ def test_finalize_writes_a_batch_in_one_call_each_waiter_getting_its_answers(
     assert stats(store, keys)[stats_fields.COMPLETED] == 3
 
 
-def test_a_batch_start_records_its_worker_claims_its_entries_and_finds_answers(
-    store: redis.Redis, core: ProducerCore, keys: Keys
+def test_a_batch_start_records_its_worker_and_claims_only_entries_left_in_the_stream(
+    store: redis.Redis, core: ProducerCore, keys: Keys, producer: Producer
 ) -> None:
     """Starting a delivery records the worker running it, moves its entries to the worker's
-    consumer, reads their requests (none for an entry gone from the stream), and says which
-    requests were answered."""
+    consumer and reads their requests: none for an entry an earlier delivery closed with its
+    answer, nor for one cancelled while a batcher held it."""
     writer = ResultWriter(store, keys, MODEL)
     stream = keys.stream(MODEL)
-    answered, fresh, gone = queued(store, core, keys, "a", "b", "c")
-    entries = [entry_of(store, item) for item in (answered, fresh, gone)]
-    store.set(answered.result_key, "an earlier delivery's answer")
-    store.xdel(stream, entries[2])
+    fresh, answered, cancelled = queued(store, core, keys, "a", "b", "c")
+    entries = [entry_of(store, item) for item in (fresh, answered, cancelled)]
+    assert writer.finalize([answer(answered, entries[1])]) == ["written"]
+    assert producer.cancel(cancelled.request_id) is True
     consumer = worker_consumer("w1")
-    request_ids = [answered.request_id, fresh.request_id, gone.request_id]
-    done, claimed = writer.start_batch("batch-1", "w1|1", consumer, entries, request_ids)
-    assert done == [True, False, False]
+    claimed = writer.start_batch("batch-1", "w1|1", consumer, entries)
     assert [
         (to_text(entry_id), Request.decode(fields[STREAM_FIELD.encode()]).input)
         for entry_id, fields in claimed
-    ] == [(entries[0], "a"), (entries[1], "b")]
+    ] == [(entries[0], "a")]
     assert store.hget(keys.inflight_owners(MODEL), "batch-1") == b"w1|1"
     pending = store.xpending_range(stream, CONSUMER_GROUP, "-", "+", 10)
-    assert {
-        (to_text(row["message_id"]), to_text(row["consumer"]))
-        for row in pending
-        if to_text(row["message_id"]) != entries[2]
-    } == {(entry, consumer) for entry in entries[:2]}
+    assert [(to_text(row["message_id"]), to_text(row["consumer"])) for row in pending] == [
+        (entries[0], consumer)
+    ]
 
 
 def test_count_device_deaths_counts_only_entries_of_gone_devices(
@@ -662,8 +662,8 @@ def test_capacity_prunes_batches_of_gone_workers_and_past_the_lease(
     for batch in ("kept", "orphan", "old"):
         state.dispatched(batch, "size", lease_s=60)
     writer = ResultWriter(store, keys, MODEL)
-    writer.start_batch("kept", "w1|1", "w1@test", [], [])
-    writer.start_batch("orphan", "gone|1", "gone@test", [], [])
+    writer.start_batch("kept", "w1|1", "w1@test", [])
+    writer.start_batch("orphan", "gone|1", "gone@test", [])
     store.zadd(keys.inflight(MODEL), {"old": 1.0})
     store.hset(keys.inflight_owners(MODEL), "forgotten", "w1|1")
     assert state.capacity(lease_s=60).inflight == 1

@@ -17,7 +17,7 @@ LEASE_S = 45.0
 
 def started(client: fakeredis.FakeRedis, batch_id: str, member: str) -> None:
     """``member``'s worker starts the batch (an empty one: only its owner is recorded)."""
-    ResultWriter(client, Keys("bf"), "m").start_batch(batch_id, member, "w@test", [], [])
+    ResultWriter(client, Keys("bf"), "m").start_batch(batch_id, member, "w@test", [])
 
 
 def test_live_workers_slots_and_batches_in_flight_are_counted(

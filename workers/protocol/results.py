@@ -151,7 +151,6 @@ class ResultWriter:
         self._cache_ttl_ms = None if cache_ttl_s is None else int(cache_ttl_s * 1000)
         self._script = lua.register(client, "finalize")
         self._count_deaths = lua.register(client, "count_device_deaths")
-        self._start = lua.register(client, "start_batch")
 
     def pipeline(self) -> Pipeline:
         """A pipeline on the writer's client, for commands sent with its own."""
@@ -253,36 +252,20 @@ class ResultWriter:
         return [None if int(count) < 0 else int(count) for count in counts]
 
     def start_batch(
-        self,
-        batch_id: str,
-        member: str,
-        consumer: str,
-        entry_ids: Sequence[str],
-        request_ids: Sequence[str],
-    ) -> tuple[list[bool], list[tuple[Any, dict[Any, Any]]]]:
+        self, batch_id: str, member: str, consumer: str, entry_ids: Sequence[str]
+    ) -> list[tuple[Any, dict[Any, Any]]]:
         """Moves the batch's entries to ``consumer`` (restarting their lease) and reads them,
-        records ``member`` as running the batch and says whether each request already has its
-        final answer, in one round trip (an ``XCLAIM`` and ``start_batch.lua``). Returns those
-        answers and the entries claimed, as ``(entry id, fields)``; an entry gone from the
-        stream is not among them."""
-
-        def build(pipe: Pipeline) -> None:
-            if entry_ids:
-                pipe.xclaim(
-                    self._keys.stream(self._model), CONSUMER_GROUP, consumer, 0, list(entry_ids)
-                )
-            lua.queue(
-                pipe,
-                self._start,
-                keys=[
-                    self._keys.inflight_owners(self._model),
-                    *(self._keys.result(self._model, request_id) for request_id in request_ids),
-                ],
-                args=[batch_id, member],
+        and records ``member`` as running the batch, in one round trip. Returns the entries
+        claimed, as ``(entry id, fields)``: only those still in the stream's ledger. A
+        request with its final answer has none there: the answer's script (finalize,
+        cancel) acknowledged and deleted its entry, so a batch never runs it again."""
+        pipe = self.pipeline()
+        if entry_ids:
+            pipe.xclaim(
+                self._keys.stream(self._model), CONSUMER_GROUP, consumer, 0, list(entry_ids)
             )
-
-        replies = lua.execute(self._client, build, [self._start])
+        pipe.hset(self._keys.inflight_owners(self._model), batch_id, member)
+        replies = pipe.execute()
         claimed = replies[0] if entry_ids else []
         # Redis 7 leaves a deleted entry out; Redis 6.2 names it (None, None).
-        entries = [entry for entry in claimed if entry[0] is not None]
-        return [bool(found) for found in replies[-1]], entries
+        return [entry for entry in claimed if entry[0] is not None]

@@ -1,18 +1,17 @@
 """One batch as a worker runs it: which of its requests run, and the answers it gathers.
 
-A batch's requests are sorted before the device takes them: malformed entries, requests
-already answered by an earlier delivery, past their deadline, or out of attempts are answered
-at once (their ``answers``); the rest run. Late joiners taken from the stream when the device
-frees are sorted the same way.
+A batch's requests are sorted before the device takes them: malformed entries, requests past
+their deadline or out of attempts are answered at once (their ``answers``); the rest run (a
+request with its answer already is no longer in the stream, so its batch never claims it).
+Late joiners taken from the stream when the device frees are sorted the same way.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from config.schema import Request, Result
 from workers.protocol.capacity import FleetState
 from workers.protocol.entries import DecodedEntry, StreamEntry, read_entries
 from workers.protocol.results import Answer, ResultWriter, error_answer, poison_answer
@@ -59,19 +58,12 @@ class BatchRun:
         self.writer.bury(poison)
         return to_try
 
-    def sort_out(
-        self, decoded: Sequence[DecodedEntry], answered: Collection[str] = ()
-    ) -> list[Runnable]:
-        """The requests to run; those already ``answered`` (by entry id) or past their
-        deadline are answered."""
+    def sort_out(self, decoded: Sequence[DecodedEntry]) -> list[Runnable]:
+        """The requests to run; those past their deadline are answered."""
         runnable = []
         now = time.time()
         for entry_id, _, request in decoded:
-            if entry_id in answered:
-                self.answers.append(
-                    Answer.of(entry_id, _placeholder(request), request.digest, self.ttl_s)
-                )
-            elif request.deadline_at <= now:
+            if request.deadline_at <= now:
                 self.answers.append(
                     error_answer(
                         request,
@@ -103,24 +95,21 @@ class BatchRun:
 
     def start(
         self, consumer: str, member: str, entries: Sequence[Sequence[str]]
-    ) -> tuple[list[DecodedEntry], set[str]]:
+    ) -> list[DecodedEntry]:
         """Records the batch as run by ``member``, moves its ``(entry id, request id)``
         ``entries`` to ``consumer`` (restarting their lease: a running batch is never
         reclaimed while it can still finish) and reads their requests from the stream, in
-        one round trip. Returns the requests, and the entry ids a previous delivery already
-        answered; malformed entries are answered ``invalid_input``. An entry no longer in the
-        stream does not run: an earlier delivery closed it with its answer (which may have
-        expired since: a late redelivery must not run it again)."""
-        entry_ids = [entry_id for entry_id, _ in entries]
-        done, claimed = self.writer.start_batch(
-            self.batch_id, member, consumer, entry_ids, [request_id for _, request_id in entries]
+        one round trip. Returns the requests; malformed entries are answered
+        ``invalid_input``. An entry no longer in the stream does not run: its request has its
+        answer (an earlier delivery, or its cancel, closed it; the answer may have expired
+        since: a late redelivery must not run it again)."""
+        claimed = self.writer.start_batch(
+            self.batch_id, member, consumer, [entry_id for entry_id, _ in entries]
         )
         read = read_entries(claimed, self.model, self.ttl_s)
         self.answers.extend(read.invalid)
         self.dropped.extend(read.dropped)
-        return read.decoded, {
-            entry_id for entry_id, found in zip(entry_ids, done, strict=True) if found
-        }
+        return read.decoded
 
     def finish(self, computed: Sequence[Answer]) -> None:
         """Writes the answers ``computed`` by the model with every answer gathered so far
@@ -149,8 +138,3 @@ class BatchRun:
         reply, self.slot_reply = self.slot_reply, nothing_to_read
         if reply is not None:
             reply()
-
-
-def _placeholder(request: Request) -> Result:
-    """Stands in for an answer already written; the finalize script keeps the first one."""
-    return Result(request_id=request.request_id, model=request.model, finished_at=time.time())

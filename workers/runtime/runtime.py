@@ -192,10 +192,10 @@ class WorkerRuntime:
             # live process's device holds is being run again there: it is left to that run.
             attempts = batch.count_attempts(self.consumer, [entry_id for entry_id, _ in entries])
             entries = [entry for entry in entries if attempts[entry[0]] is not None]
-        decoded, answered = batch.start(self.consumer, self.member, entries)
+        decoded = batch.start(self.consumer, self.member, entries)
         if attempts is not None:
             decoded = batch.give_up_poison(decoded, attempts, self.settings.batcher.max_attempts)
-        runnable = batch.sort_out(decoded, answered)
+        runnable = batch.sort_out(decoded)
         model = self.model(batch.model)
         runs: list[ModelRun] = []
         if redelivered or batch.flush_reason == "isolated":
