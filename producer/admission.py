@@ -72,6 +72,9 @@ SHOWN_CHARS = 40
 STREAM_GRACE_S = 5.0
 STREAM_STALL_S = 30.0
 T = TypeVar("T")
+# The watch script's reply for a request without an answer (config/lua/watch.lua): pending
+# (the caller is its waiter now), or unknown (no record).
+WATCH_PENDING, WATCH_UNKNOWN = 1, 0
 
 
 class Prepared(NamedTuple):
@@ -606,17 +609,17 @@ class ProducerCore:
 
     @staticmethod
     def read_watch(request_ids: Sequence[str], reply: Sequence[Any]) -> list[Result | None]:
-        """Per request of a watch call, its result if it is final, None while it is pending.
+        """Per request of a watch call, its result if it is final, None while it is pending
+        (the script's reply: the result, or ``WATCH_PENDING``, or ``WATCH_UNKNOWN``).
 
         Raises:
             UnknownRequest: an id was never accepted or its result has expired.
         """
         results: list[Result | None] = []
-        for request_id, (status, raw) in zip(request_ids, reply, strict=True):
-            status = status.decode() if isinstance(status, bytes) else status
-            if status == "unknown":
+        for request_id, answer in zip(request_ids, reply, strict=True):
+            if answer == WATCH_UNKNOWN:
                 raise unknown_request(request_id)
-            results.append(Result.decode(raw) if status == "done" else None)
+            results.append(None if answer == WATCH_PENDING else Result.decode(answer))
         return results
 
     def default_timeout_s(self) -> float:

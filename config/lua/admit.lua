@@ -43,16 +43,18 @@ local cached_ttl_ms = ARGV[12]  -- the TTL of a result answered from the cache
 local HEADER_ARGS, REQUEST_ARGS = 12, (use_cache and 4 or 3)
 local DIGEST, REQUEST_JSON, RECORD_TTL_MS, CACHED_HEAD = 1, 2, 3, 4
 
-local function key(n, which) return KEYS[HEADER_KEYS + (n - 1) * REQUEST_KEYS + which] end
-local function arg(n, which) return ARGV[HEADER_ARGS + (n - 1) * REQUEST_ARGS + which] end
+-- Each request's keys and args are found by index, not through helper functions: in a loop
+-- over a chunk's requests, a Lua function call costs Redis more than the arithmetic (as in
+-- finalize.lua).
 local requests = (#KEYS - HEADER_KEYS) / REQUEST_KEYS
 
 local version = false
 if use_cache then version = redis.call('GET', version_key) end
 
--- The cached output of request n, computed by the current version; nil when there is none.
-local function cached_output(n)
-  local cached = redis.call('GET', key(n, CACHE_ENTRY))
+-- The cached output in cache entry 'cache_key', computed by the current version; nil when
+-- there is none.
+local function cached_output(cache_key)
+  local cached = redis.call('GET', cache_key)
   if not cached then return nil end
   local tag = #version .. ':' .. version
   if string.sub(cached, 1, #tag) ~= tag then return nil end
@@ -62,13 +64,14 @@ end
 local statuses, hits = {}, {}
 local conflicts, fresh = 0, 0
 for n = 1, requests do
-  local digest = arg(n, DIGEST)
-  local record = redis.call('GET', key(n, RECORD))
+  local k = HEADER_KEYS + (n - 1) * REQUEST_KEYS
+  local digest = ARGV[HEADER_ARGS + (n - 1) * REQUEST_ARGS + DIGEST]
+  local record = redis.call('GET', KEYS[k + RECORD])
   if record then
     if string.sub(record, 1, #digest) == digest then statuses[n] = 'duplicate'
     else statuses[n] = 'conflict'; conflicts = conflicts + 1 end
   else
-    if version then hits[n] = cached_output(n) end
+    if version then hits[n] = cached_output(KEYS[k + CACHE_ENTRY]) end
     if hits[n] then statuses[n] = 'cached'
     else statuses[n] = 'new'; fresh = fresh + 1 end
   end
@@ -99,18 +102,20 @@ if refused then
   return statuses
 end
 
+local waiter = inbox ~= '' and first_waiter_line(inbox) or ''
 local accepted, cached = 0, 0
 for n, status in ipairs(statuses) do
+  local k = HEADER_KEYS + (n - 1) * REQUEST_KEYS
+  local a = HEADER_ARGS + (n - 1) * REQUEST_ARGS
   if status == 'cached' then
-    redis.call('SET', key(n, RECORD), arg(n, DIGEST), 'PX', cached_ttl_ms)
-    local result = arg(n, CACHED_HEAD) .. cjson.encode(version) .. ',"output":' .. hits[n] .. '}'
-    redis.call('SET', key(n, RESULT), result, 'PX', cached_ttl_ms)
+    redis.call('SET', KEYS[k + RECORD], ARGV[a + DIGEST], 'PX', cached_ttl_ms)
+    local result = ARGV[a + CACHED_HEAD] .. cjson.encode(version) .. ',"output":' .. hits[n] .. '}'
+    redis.call('SET', KEYS[k + RESULT], result, 'PX', cached_ttl_ms)
     cached = cached + 1
   elseif status == 'new' then
-    local entry = redis.call('XADD', stream, '*', stream_field, arg(n, REQUEST_JSON))
-    local record = arg(n, DIGEST) .. ':' .. entry .. ':' .. model
-    if inbox ~= '' then record = record .. waiter_line(record, inbox) end
-    redis.call('SET', key(n, RECORD), record, 'PX', arg(n, RECORD_TTL_MS))
+    local entry = redis.call('XADD', stream, '*', stream_field, ARGV[a + REQUEST_JSON])
+    local record = ARGV[a + DIGEST] .. ':' .. entry .. ':' .. model .. waiter
+    redis.call('SET', KEYS[k + RECORD], record, 'PX', ARGV[a + RECORD_TTL_MS])
     statuses[n] = 'accepted'
     accepted = accepted + 1
   end

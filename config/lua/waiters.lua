@@ -10,6 +10,9 @@ local function waiter_line(record, inbox)
   return '\n' .. inbox
 end
 
+-- The line that adds 'inbox' to the waiters of a record that names none yet (a new one).
+local function first_waiter_line(inbox) return '\n' .. inbox end
+
 -- The inboxes of the producers waiting for a request, from its admission record (or none).
 local function waiters_of(record)
   local inboxes = {}
