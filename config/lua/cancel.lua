@@ -17,7 +17,7 @@ local attempts = KEYS[5]
 
 local record_read = ARGV[1]
 local result = ARGV[2]  -- the cancelled result's JSON
-local ttl_ms = ARGV[3]
+local ttl_ms = tonumber(ARGV[3])
 local group = ARGV[4]
 local entry = ARGV[5]  -- the request's stream entry; '' when it has none
 local cancelled_field = ARGV[6]  -- the stats field counting a cancelled request

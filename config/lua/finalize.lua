@@ -20,7 +20,7 @@ local RESULT_KEY, RECORD_KEY = 1, 2
 
 local group = ARGV[1]
 local recent_kept = tonumber(ARGV[2])  -- latency samples the list keeps
-local ttl_ms = ARGV[3]  -- the results' TTL
+local ttl_ms = tonumber(ARGV[3])  -- the results' TTL
 -- Then ANSWER_ARGS args per answer: the result JSON, the digest ('' writes whatever the
 -- record holds), the stream entry it closes ('' for none), the stats field counting it, its
 -- latency sample ('' for none).

@@ -3,7 +3,8 @@
 
 -- Publishes a request's final answer, first write wins: stores the result unless one exists
 -- and keeps the admission record ('record', as just read; false when there is none) exactly as
--- long as the result. Included by finalize.lua and cancel.lua.
+-- long as the result ('ttl_ms': a number, as add_pushes takes it). Included by finalize.lua
+-- and cancel.lua.
 -- Returns the inboxes of the producers waiting for it (push_answers sends the result there),
 -- or false when the request had its answer already.
 local expiries_at_ms = {}  -- by TTL: the answers of one call expire together
@@ -12,7 +13,7 @@ local function publish_answer(result_key, record_key, record, result, ttl_ms)
   -- a caller who asks in that millisecond waiting for an answer that never comes.
   local expire_at_ms = expiries_at_ms[ttl_ms]
   if not expire_at_ms then
-    expire_at_ms = string.format('%d', math.floor(server_now() * 1000) + tonumber(ttl_ms))
+    expire_at_ms = string.format('%d', math.floor(server_now() * 1000) + ttl_ms)
     expiries_at_ms[ttl_ms] = expire_at_ms
   end
   if not redis.call('SET', result_key, result, 'NX', 'PXAT', expire_at_ms) then return false end
@@ -42,7 +43,8 @@ local function add_pushes(pushes, inboxes, result, ttl_ms)
       push = {{}, 0}
       pushes[inbox] = push
     end
-    table.insert(push[1], result)
-    if tonumber(ttl_ms) > push[2] then push[2] = tonumber(ttl_ms) end
+    local results = push[1]
+    results[#results + 1] = result
+    if ttl_ms > push[2] then push[2] = ttl_ms end
   end
 end

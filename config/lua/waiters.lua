@@ -14,9 +14,12 @@ end
 local function first_waiter_line(inbox) return '\n' .. inbox end
 
 -- The inboxes of the producers waiting for a request, from its admission record (or none).
+-- One waiter, the usual case, is found without a pattern match.
 local function waiters_of(record)
+  local first = record and string.find(record, '\n', 1, true)
+  if not first then return {} end
+  if not string.find(record, '\n', first + 1, true) then return {string.sub(record, first + 1)} end
   local inboxes = {}
-  if not record then return inboxes end
-  for inbox in string.gmatch(record, '\n([^\n]+)') do table.insert(inboxes, inbox) end
+  for inbox in string.gmatch(record, '\n([^\n]+)') do inboxes[#inboxes + 1] = inbox end
   return inboxes
 end
