@@ -11,13 +11,13 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
 from json.encoder import encode_basestring_ascii as _json_string
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from config.errors import InvalidInput, RequestFailed, WireFormatError, failure_for
 
@@ -169,6 +169,29 @@ class RequestEncoder:
         )
 
 
+Wire = TypeVar("Wire", bound=BaseModel)
+
+
+def _decode_together(
+    adapter: TypeAdapter[list[Wire]], raws: Sequence[str | bytes]
+) -> list[Wire] | None:
+    """The values ``raws`` hold (each one JSON object, all bytes or all text), decoded as one
+    JSON array in one pydantic call: a third less time a value than a call each
+    (``benchmarks/README.md``). None when any is malformed or they do not make one value
+    each (a raw that holds two): then each is decoded alone, to learn which and why."""
+    if not raws:
+        return []
+    try:  # a join of bytes and text raises TypeError
+        if isinstance(raws[0], bytes):
+            joined: str | bytes = b"[" + b",".join(cast(Sequence[bytes], raws)) + b"]"
+        else:
+            joined = "[" + ",".join(cast(Sequence[str], raws)) + "]"
+        values = adapter.validate_json(joined)
+    except (TypeError, ValueError, RecursionError):  # ValidationError is a ValueError
+        return None
+    return values if len(values) == len(raws) else None
+
+
 class Request(BaseModel):
     """One accepted request as it sits in the stream and travels in a batch."""
 
@@ -198,6 +221,12 @@ class Request(BaseModel):
             ) from exc
         except (ValueError, RecursionError) as exc:
             raise WireFormatError(f"malformed request: {exc}", raw=raw) from exc
+
+    @classmethod
+    def decode_all(cls, raws: Sequence[str | bytes]) -> list[Request] | None:
+        """The requests ``raws`` hold, in one call; None when one is no request (``decode``
+        each then, to learn which and why)."""
+        return _decode_together(_REQUESTS, raws)
 
 
 class ErrorInfo(BaseModel):
@@ -265,6 +294,16 @@ class Result(BaseModel):
             raise WireFormatError(f"malformed result: {exc.errors()[0]['msg']}", raw=raw) from exc
         except (ValueError, RecursionError) as exc:
             raise WireFormatError(f"malformed result: {exc}", raw=raw) from exc
+
+    @classmethod
+    def decode_all(cls, raws: Sequence[str | bytes]) -> list[Result] | None:
+        """The results ``raws`` hold, in one call; None when one is no result (``decode``
+        each then, to learn which and why)."""
+        return _decode_together(_RESULTS, raws)
+
+
+_REQUESTS = TypeAdapter(list[Request])
+_RESULTS = TypeAdapter(list[Result])
 
 
 class ResultEncoder:

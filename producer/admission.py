@@ -615,12 +615,17 @@ class ProducerCore:
         Raises:
             UnknownRequest: an id was never accepted or its result has expired.
         """
-        results: list[Result | None] = []
+        answers = []
         for request_id, answer in zip(request_ids, reply, strict=True):
             if answer == WATCH_UNKNOWN:
                 raise unknown_request(request_id)
-            results.append(None if answer == WATCH_PENDING else Result.decode(answer))
-        return results
+            if answer != WATCH_PENDING:
+                answers.append(answer)
+        decoded = Result.decode_all(answers)
+        if decoded is None:  # one is malformed: Result.decode says which and why
+            decoded = [Result.decode(answer) for answer in answers]
+        results = iter(decoded)
+        return [None if answer == WATCH_PENDING else next(results) for answer in reply]
 
     def default_timeout_s(self) -> float:
         """How long a wait lasts when the caller does not say: the longest request lifetime."""
@@ -807,11 +812,14 @@ def inbox_taken(replies: Sequence[Any]) -> list[Any]:
 
 
 def read_inbox(raws: Sequence[bytes | str | None]) -> list[Result]:
-    """The results among raw inbox items; wake-up sentinels and unreadable items are skipped."""
+    """The results among raw inbox items, decoded in one call (``Result.decode_all``; one by
+    one when one is bad); wake-up sentinels and unreadable items are skipped."""
+    items = [raw for raw in raws if raw]
+    together = Result.decode_all(items)
+    if together is not None:
+        return together
     results = []
-    for raw in raws:
-        if not raw:
-            continue
+    for raw in items:
         try:
             results.append(Result.decode(raw))
         except WireFormatError as exc:

@@ -19,10 +19,12 @@ from config.errors import (
     ResultTimeout,
     UnknownModel,
     UnknownRequest,
+    WireFormatError,
 )
 from config.keys import Keys
 from config.schema import STREAM_FIELD, Request, Result
 from config.settings import ModelPolicy, Settings
+from producer.admission import WATCH_PENDING, WATCH_UNKNOWN, ProducerCore, read_inbox
 from producer.client import Producer
 from workers.protocol.results import Answer, ResultWriter
 
@@ -263,3 +265,22 @@ def test_waiting_past_the_timeout_raises_result_timeout(producer: Producer) -> N
     request_id = producer.submit("synthetic", 1)
     with pytest.raises(ResultTimeout):
         producer.result(request_id, timeout_s=0.05)
+
+
+def test_an_unreadable_inbox_item_is_skipped_and_the_rest_read() -> None:
+    """Results read together from an inbox: wake-ups and an unreadable item are skipped, the
+    others come in order."""
+    results = [Result(request_id=f"r{n}", model="m", output=n, finished_at=1.0) for n in range(3)]
+    raws = [results[0].encode().encode(), b"", b"not a result", results[1].encode().encode()]
+    assert read_inbox([*raws, None, results[2].encode().encode()]) == results
+
+
+def test_a_watch_reply_reads_pending_and_final_answers_in_order() -> None:
+    """Per id: its result when final, None while pending; a malformed result raises."""
+    done = [Result(request_id=f"r{n}", model="m", output=n, finished_at=1.0) for n in range(2)]
+    reply = [done[0].encode().encode(), WATCH_PENDING, done[1].encode().encode()]
+    assert ProducerCore.read_watch(["r0", "p", "r1"], reply) == [done[0], None, done[1]]
+    with pytest.raises(WireFormatError):
+        ProducerCore.read_watch(["r0", "r1"], [done[0].encode().encode(), b"{"])
+    with pytest.raises(UnknownRequest):
+        ProducerCore.read_watch(["r0", "gone"], [done[0].encode().encode(), WATCH_UNKNOWN])

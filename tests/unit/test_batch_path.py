@@ -227,6 +227,27 @@ def test_malformed_stream_entries_never_crash_the_batcher(
     assert fake_redis.xlen(STREAM) == 0
 
 
+def test_a_bad_entry_among_good_ones_fails_alone(
+    runtime: WorkerRuntime,
+    fake_redis: fakeredis.FakeRedis,
+    producer: Producer,
+    batcher: ModelBatcher,
+    celery: RecordingCelery,
+) -> None:
+    """The batcher decodes what it reads in one call; one bad entry among good ones is answered
+    invalid_input, and the good ones run in one batch."""
+    first = producer.submit_many("synthetic", ["a", "b"])
+    fake_redis.xadd(STREAM, {STREAM_FIELD: json.dumps({"request_id": "bad-1", "input": 1})})
+    last = producer.submit_many("synthetic", ["c"])
+    run_one_batch(runtime, fake_redis, batcher, celery)
+    assert stored_result(fake_redis, "bad-1").error.code == "invalid_input"  # type: ignore[union-attr]
+    for request_id, value in zip([*first, *last], ["a", "b", "c"], strict=True):
+        result = stored_result(fake_redis, request_id)
+        assert result.output == expected_output(value)
+        assert result.batch_size == 3
+    assert len(celery.sent) == 1
+
+
 def run_one_batch(
     runtime: WorkerRuntime,
     client: fakeredis.FakeRedis,

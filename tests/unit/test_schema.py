@@ -218,3 +218,31 @@ def test_a_cache_entry_tags_its_output_with_the_versions_byte_length_and_the_ver
     """The tag is unambiguous whatever the version holds (colons, non-ASCII)."""
     assert cache_entry("v1", '{"a":1}') == '2:v1{"a":1}'
     assert cache_entry("é:2", "[]") == "4:é:2[]"
+
+
+def test_values_decoded_together_are_those_decoded_one_by_one() -> None:
+    """Requests and results decoded in one call equal each decoded alone, from bytes or text."""
+    requests = [make_request(request_id=f"r{n}", input=[n, {"x": "é"}]) for n in range(3)]
+    results = [Result(request_id=f"r{n}", model="m", output=n, finished_at=1.0) for n in range(3)]
+    for model, values in ((Request, requests), (Result, results)):
+        texts = [value.encode() for value in values]
+        assert model.decode_all(texts) == values
+        assert model.decode_all([text.encode() for text in texts]) == values
+        assert model.decode_all([]) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not json",
+        json.dumps({**json.loads(make_request().encode()), "extra": 1}),
+        f"{make_request().encode()},{make_request().encode()}",  # two requests in one raw
+        b"{}",  # bytes among text
+        "",
+    ],
+)
+def test_one_bad_value_makes_the_decode_together_give_up(bad: str | bytes) -> None:
+    """With one raw that is no request, or that holds two, nothing is decoded together (each
+    is then decoded alone, to say which and why)."""
+    good = make_request().encode()
+    assert Request.decode_all([good, bad, good]) is None
