@@ -23,9 +23,9 @@ from kombu.utils.json import loads as kombu_loads
 
 from config.batch_task import BatchTask
 from config.keys import Keys
-from config.schema import STREAM_FIELD, Result
+from config.schema import STREAM_FIELD
 from config.settings import load_settings
-from producer.admission import Prepared, ProducerCore
+from producer.admission import Prepared, ProducerCore, read_inbox
 from workers.models.base import outputs_of
 from workers.models.synthetic import SyntheticModel
 from workers.protocol.entries import read_entries
@@ -104,7 +104,7 @@ def steps(size: int) -> list[tuple[str, str, Callable[[], Any]]]:
         ("worker", "answers", lambda: answers_of(batch, [run], version, WORKER)),
         ("worker", "finalize call (keys, args)", lambda: writer.finalize(answers)),
         ("worker", "metrics", lambda: metrics.observe_run(MODEL, requests, 0.0026, 0.0)),
-        ("producer", "decode results", lambda: [Result.decode(raw) for raw in results]),
+        ("producer", "decode results", lambda: read_inbox(results)),
     ]
 
 
