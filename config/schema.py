@@ -178,7 +178,9 @@ def _decode_together(
     """The values ``raws`` hold (each one JSON object, all bytes or all text), decoded as one
     JSON array in one pydantic call: a third less time a value than a call each
     (``benchmarks/README.md``). None when any is malformed or they do not make one value
-    each (a raw that holds two): then each is decoded alone, to learn which and why."""
+    each (a raw that holds two): then each is decoded alone, to learn which and why. Only
+    raws written to fit together (one opening what another closes) could move a value
+    between them: their writer could write any value in Redis anyway."""
     if not raws:
         return []
     try:  # a join of bytes and text raises TypeError
