@@ -14,8 +14,8 @@ N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``; with
 turn, its throughput the inverse of one request's latency), and reads the CPU
 time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
 producer). It prints µs per request and ms per batch by process, then the Redis commands
-each batch cost (``INFO commandstats``: a script's own commands count too, under their
-names), each process's context switches a batch (``/proc/PID/task/*/status``) and the
+each batch cost and Redis's time a request by command (``INFO commandstats``: a script's
+own commands count too, under their names, and again in its ``evalsha``), each process's context switches a batch (``/proc/PID/task/*/status``) and the
 worker's CPU a batch in its main thread (Celery's loop) and in the others. With two batch
 sizes or more it reads each process's CPU as a cost a batch plus a cost a request (the line
 through the per-request costs against one over the mean batch size, least squares). The
@@ -92,23 +92,24 @@ def batches_sent(fleet: PrivateFleet) -> int:
     )
 
 
-def command_calls(server: LocalRedis) -> Counter[str]:
-    """Calls by Redis command since the server started."""
+def command_stats(server: LocalRedis) -> tuple[Counter[str], Counter[str]]:
+    """Calls, and µs spent, by Redis command since the server started."""
     client = redis.Redis.from_url(server.url)
     try:
         stats: dict[str, dict[str, Any]] = client.info("commandstats")
     finally:
         client.close()
-    return Counter(
-        {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
-    )
+    rows = {name.removeprefix("cmdstat_"): row for name, row in stats.items()}
+    calls = Counter({name: int(row["calls"]) for name, row in rows.items()})
+    return calls, Counter({name: int(row["usec"]) for name, row in rows.items()})
 
 
 def measure(
     args: argparse.Namespace, max_batch_size: int
-) -> tuple[dict[str, float], Counter[str], Counter[str]]:
+) -> tuple[dict[str, float], Counter[str], Counter[str], Counter[str]]:
     """CPU seconds by process for one run, plus the batches it took (``batches``); the Redis
-    commands it sent; the context switches of each process."""
+    commands it sent, and the µs Redis spent on each; the context switches of each
+    process."""
     options = {"base_ms": args.base_ms, "per_item_ms": args.per_item_ms}
     models = {
         "synthetic": {
@@ -135,7 +136,7 @@ def measure(
             readers[CELERY_LOOP] = partial(process_cpu_s, worker.pid, worker.pid)
             switches_before = {role: context_switches(pid) for role, pid in pids.items()}
             before = {name: read() for name, read in readers.items()}
-            calls_before = command_calls(server)
+            calls_before, usec_before = command_stats(server)
             batches_before = batches_sent(fleet)
             started = time.monotonic()
             inputs = [f"request {n}".ljust(args.input_chars, "x") for n in range(args.requests)]
@@ -156,12 +157,14 @@ def measure(
             used = {name: read() - before[name] for name, read in readers.items()}
             used["batches"] = batches_sent(fleet) - batches_before
             used["elapsed_s"] = elapsed_s
-            calls = command_calls(server) - calls_before
+            calls, usec = command_stats(server)
+            calls -= calls_before
+            usec -= usec_before
             switches = Counter(
                 {role: context_switches(pid) - switches_before[role] for role, pid in pids.items()}
             )
         del os.environ["BATCHFLEET_REDIS_URL"]
-    return used, calls, switches
+    return used, calls, usec, switches
 
 
 async def closed_loop(settings: Settings, inputs: list[str], callers: int) -> None:
@@ -217,10 +220,10 @@ def main() -> None:
     print(f"{'max batch':>9} {'batches':>8} {'req/s':>7}  per request, µs{'':22}per batch, ms")
     header = " ".join(f"{role[:8]:>8}" for role in (*roles, "total"))
     print(f"{'':>26}  {header}  {header}")
-    commands, switched, loops = [], [], []
+    commands, timed, switched, loops = [], [], [], []
     fit_points: list[tuple[float, list[float]]] = []  # (1 / mean batch, µs a request by role)
     for size in args.batch_sizes:
-        used, calls, switches = measure(args, size)
+        used, calls, usec, switches = measure(args, size)
         batches = max(1, int(used["batches"]))
         per_request = [used[role] / args.requests * 1e6 for role in roles]
         per_batch = [used[role] / batches * 1e3 for role in roles]
@@ -236,6 +239,7 @@ def main() -> None:
             f"{name} {count / batches:.1f}" for name, count in calls.most_common(COMMANDS_SHOWN)
         )
         commands.append(f"{size:>9}: {calls.total() / batches:.1f} in all; {per_batch_calls}")
+        timed.append(f"{size:>9}: {redis_time(usec, args.requests)}")
         switched.append(
             f"{size:>9}: " + ", ".join(f"{role} {switches[role] / batches:.1f}" for role in roles)
         )
@@ -246,12 +250,23 @@ def main() -> None:
         )
     print("Redis commands per batch (the most called first)")
     print("\n".join(commands))
+    print("Redis's time per request by command, µs (the most first)")
+    print("\n".join(timed))
     print("Context switches per batch (every thread of each process)")
     print("\n".join(switched))
     print("The worker's CPU per batch by thread, ms")
     print("\n".join(loops))
     if len({inverse for inverse, _ in fit_points}) >= 2:
         print(fixed_and_marginal(fit_points, (*roles, "total")))
+
+
+def redis_time(usec: Counter[str], requests: int) -> str:
+    """Redis's µs a request by command (``INFO commandstats``), the most first. A script's
+    commands count under their own names and again in its ``evalsha``: the script's own
+    work (its Lua, its arguments, each ``redis.call``'s) is its figure less theirs."""
+    return ", ".join(
+        f"{name} {spent / requests:.1f}" for name, spent in usec.most_common(COMMANDS_SHOWN)
+    )
 
 
 def fixed_and_marginal(points: list[tuple[float, list[float]]], roles: tuple[str, ...]) -> str:
