@@ -15,8 +15,9 @@ turn, its throughput the inverse of one request's latency), and reads the CPU
 time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
 producer). It prints µs per request and ms per batch by process, then the Redis commands
 each batch cost and Redis's time a request by command (``INFO commandstats``: a script's
-own commands count too, under their names, and again in its ``evalsha``), each process's context switches a batch (``/proc/PID/task/*/status``) and the
-worker's CPU a batch in its main thread (Celery's loop) and in the others. With two batch
+own commands count too, under their names, and again in its ``evalsha``), each process's
+context switches a batch (``/proc/PID/task/*/status``) and the worker's CPU a batch in its
+main thread (Celery's loop) and in the others. With two batch
 sizes or more it reads each process's CPU as a cost a batch plus a cost a request (the line
 through the per-request costs against one over the mean batch size, least squares). The
 synthetic model sleeps, so its model time costs no CPU: what is left is the pipeline's.
