@@ -10,13 +10,17 @@ reads the server's CPU time (``INFO cpu``, user + system), less what a read of i
 prints the median over ``--rounds`` rounds in µs per request, for each call and in all. No
 other process uses that server meanwhile, so the figures hold Redis's work alone; their sum
 against ``pipeline_cpu.py``'s redis-server column says what the rest (Celery's broker
-traffic, the capacity counts, the round trips themselves) costs.
+traffic, the capacity counts, the round trips themselves) costs. A second table holds the
+client's side of each call (``time.thread_time`` around it, on the project's own Redis client):
+building the call, redis-py sending it and reading the reply.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +28,7 @@ import redis
 from hot_paths import MODEL, WORKER, synthetic_run  # this folder, as a script runs
 
 from config import lua
+from config.connection import connect
 from config.keys import CONSUMER_GROUP, Keys
 from config.settings import load_settings
 from producer.admission import Prepared, ProducerCore, read_inbox
@@ -68,8 +73,9 @@ class RequestPath:
         self._prepared: list[Prepared] = []
         self._entries: list[DecodedEntry] = []
 
-    def round(self) -> dict[str, float]:
-        """Server CPU seconds of each call (``CALLS``) for one batch of new requests."""
+    def round(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The server's CPU seconds of each call (``CALLS``) for one batch of new requests,
+        and this thread's (the call built, sent and read by redis-py)."""
         inputs = [f"request {n}" for n in range(self._size)]
         self._prepared = self._core.build(self._core.check_all(MODEL, inputs))
         calls: list[Callable[[], None]] = [
@@ -80,12 +86,14 @@ class RequestPath:
             self.finalize,
             self.inbox_read,
         ]
-        used = {}
+        used, spent = {}, {}
         for name, call in zip(CALLS, calls, strict=True):
             before = server_cpu_s(self._client)
+            started = time.thread_time()
             call()
+            spent[name] = time.thread_time() - started
             used[name] = server_cpu_s(self._client) - before
-        return used
+        return used, spent
 
     def request_ids(self) -> list[str]:
         return [item.request_id for item in self._prepared]
@@ -122,22 +130,33 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
-    print("redis-server CPU per request by call, µs (median of rounds, less an INFO read)")
-    print(f"{'batch':>6} " + " ".join(f"{name:>14}" for name in (*CALLS, "in all")))
+    header = f"{'batch':>6} " + " ".join(f"{name:>14}" for name in (*CALLS, "in all"))
+    server_rows, client_rows = [], []
     with LocalRedis() as server:
-        client = redis.Redis.from_url(server.url)
+        os.environ["BATCHFLEET_REDIS_URL"] = server.url
+        client = connect(load_settings(models={MODEL: {}}))
         for size in args.batch_sizes:
             path = RequestPath(client, size)
             rounds = [path.round() for _ in range(args.rounds)]
             info_s = info_cost_s(client)
-            per_request = {
-                name: max(0.0, statistics.median(r[name] for r in rounds) - info_s) / size * 1e6
-                for name in CALLS
-            }
-            figures = [*per_request.values(), sum(per_request.values())]
-            print(f"{size:>6} " + " ".join(f"{us:>14.2f}" for us in figures))
+            server_rows.append(row(size, [used for used, _ in rounds], info_s))
+            client_rows.append(row(size, [spent for _, spent in rounds]))
             client.flushall()
         client.close()
+    print("redis-server CPU per request by call, µs (median of rounds, less an INFO read)")
+    print("\n".join([header, *server_rows]))
+    print("The client's CPU per request by call, µs (median of rounds: this thread's, building")
+    print("each call, sending it and reading its reply)")
+    print("\n".join([header, *client_rows]))
+
+
+def row(size: int, rounds: list[dict[str, float]], less_s: float = 0.0) -> str:
+    """One batch size's line: each call's median over ``rounds`` less ``less_s``, in µs a
+    request, and their sum."""
+    per_request = [
+        max(0.0, statistics.median(r[name] for r in rounds) - less_s) / size * 1e6 for name in CALLS
+    ]
+    return f"{size:>6} " + " ".join(f"{us:>14.2f}" for us in [*per_request, sum(per_request)])
 
 
 if __name__ == "__main__":
