@@ -132,12 +132,18 @@ def pool_of(client: redis.Redis, key: str) -> redis.ConnectionPool:
     return client.connection_pool
 
 
-def send_now(client: redis.Redis, key: str, *commands: tuple[Any, ...]) -> Callable[[], None]:
+Replies = Callable[[], list[Any]]
+"""Reads the replies of commands sent at once (``send_now``), in their order."""
+
+
+def send_now(client: redis.Redis, key: str, *commands: tuple[Any, ...]) -> Replies:
     """Sends ``commands`` (each its arguments, all on ``key``'s node) at once on a connection
     of their own, and returns the function that reads their replies and gives the connection
-    back: for a caller with other work to do before it needs them. Where Redis cannot be
-    reached, by the send or the read, that function sends them again through ``client``,
-    with its retries: only idempotent commands go this way.
+    back: for a caller with other work to do before it needs them, or one sparing redis-py's
+    per-command layers (``lua.call``). The replies are as Redis sent them, without redis-py's
+    parsing of a command's reply: read those of commands it leaves as they are (a script's).
+    Where Redis cannot be reached, by the send or the read, that function sends them again
+    through ``client``, with its retries: only idempotent commands go this way.
 
     Raises:
         redis.ResponseError: (from the returned function) a command failed; every reply
@@ -155,31 +161,34 @@ def send_now(client: redis.Redis, key: str, *commands: tuple[Any, ...]) -> Calla
         pool.release(connection)
         raise
 
-    def read() -> None:
+    def read() -> list[Any]:
+        replies: list[Any] = []
         failed: list[redis.ResponseError] = []
         try:
             for _ in commands:
                 try:
-                    connection.read_response()
+                    replies.append(connection.read_response())
                 except redis.ResponseError as exc:
                     failed.append(exc)
         except OUTAGES:
             connection.disconnect()  # type: ignore[no-untyped-call]  # replies left unread
-            _send_again(client, commands)
+            return _send_again(client, commands)
         finally:
             pool.release(connection)
         if failed:
             raise failed[0]
+        return replies
 
     return read
 
 
-def _send_again(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> None:
-    """``commands`` in one pipeline of ``client``'s, with its retries (``send_now``)."""
+def _send_again(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The replies of ``commands`` in one pipeline of ``client``'s, with its retries
+    (``send_now``)."""
     with client.pipeline(transaction=False) as pipe:
         for command in commands:
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
-        pipe.execute()
+        return pipe.execute()
 
 
 def any_node(client: redis.Redis) -> dict[str, Any]:

@@ -517,6 +517,22 @@ def test_finalize_writes_once_and_closes_the_entry_either_way(
     assert stats(store, keys)[stats_fields.COMPLETED] == 1
 
 
+def test_finalize_loads_its_script_where_redis_lost_it(
+    store: redis.Redis, core: ProducerCore, keys: Keys
+) -> None:
+    """A Redis that restarted or flushed its scripts between two batches still takes a
+    batch's answers: the finalize call, sent past redis-py's script handling, loads its
+    script and runs once."""
+    writer = ResultWriter(store, keys, MODEL)
+    first, second = queued(store, core, keys, "a", "b")
+    assert writer.finalize([answer(first, entry_of(store, first))]) == ["written"]
+    store.script_flush()
+    assert writer.finalize([answer(second, entry_of(store, second))]) == ["written"]
+    assert Result.decode(store.get(second.result_key)).output == ["out", "b"]
+    assert stats(store, keys)[stats_fields.COMPLETED] == 2
+    assert store.xlen(keys.stream(MODEL)) == 0
+
+
 def test_an_answer_and_its_record_expire_at_the_same_moment(
     store: redis.Redis, core: ProducerCore, keys: Keys
 ) -> None:

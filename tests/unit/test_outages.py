@@ -13,6 +13,7 @@ import fakeredis
 import pytest
 import redis
 
+from config import lua, stats_fields
 from config.errors import BrokerUnavailable, ResultTimeout
 from config.keys import Keys
 from config.schema import Result
@@ -21,6 +22,7 @@ from producer.async_client import AsyncProducer
 from producer.client import Producer
 from tests.chaos.harness import wait_until
 from tests.waiters import names_waiter
+from workers.protocol.results import Answer, ResultWriter
 
 KEYS = Keys("bf")
 STREAM = KEYS.stream("synthetic")
@@ -245,3 +247,37 @@ def test_an_async_wait_ends_at_its_own_timeout_naming_what_is_pending(settings: 
         raise AssertionError("the wait did not time out")
 
     assert "Redis could not be reached" in str(asyncio.run(scenario()))
+
+
+def test_a_finalize_whose_reply_was_lost_writes_its_answer_once(
+    fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's finalize goes out past redis-py's retries (``lua.call``). Its reply lost
+    with the connection after Redis wrote the answer, the call goes again through the
+    client, which finds it written: the request keeps its one answer, counted once."""
+    fake_redis.script_load(lua.source("finalize"))
+    pool = fake_redis.connection_pool
+    get_connection = pool.get_connection
+    lost: list[Any] = []
+
+    def first_loses_its_reply(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(pool, "get_connection", get_connection)
+        connection = get_connection(*args, **kwargs)
+        read = connection.read_response
+
+        def lose(*read_args: Any, **read_kwargs: Any) -> Any:
+            lost.append(read(*read_args, **read_kwargs))
+            del connection.read_response
+            raise redis.ConnectionError("Connection closed by server.")
+
+        connection.read_response = lose
+        return connection
+
+    monkeypatch.setattr(pool, "get_connection", first_loses_its_reply)
+    result = Result(request_id="r-1", model="synthetic", output=2, finished_at=0)
+    answer = Answer.of("", result, digest="", ttl_s=60)
+    assert ResultWriter(fake_redis, KEYS, "synthetic").finalize([answer]) == ["duplicate"]
+    assert lost == [[b"written"]]
+    assert Result.decode(fake_redis.get(KEYS.result("synthetic", "r-1"))).output == 2
+    completed = fake_redis.hget(KEYS.stats("synthetic"), stats_fields.COMPLETED)
+    assert completed == b"1"

@@ -15,7 +15,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 from config import lua, stats_fields
-from config.connection import send_now
+from config.connection import Replies, send_now
 from config.errors import ConfigError
 from config.keys import Keys
 
@@ -73,7 +73,7 @@ class SlotRelease(NamedTuple):
     key: str
     commands: tuple[tuple[Any, ...], ...]
 
-    def send(self, client: redis.Redis) -> Callable[[], None]:
+    def send(self, client: redis.Redis) -> Replies:
         """Sent at once to ``key``'s node; the returned function reads the replies
         (``send_now``)."""
         return send_now(client, self.key, *self.commands)
@@ -173,7 +173,7 @@ class FleetState:
     def undispatched(self, batch_id: str) -> None:
         self._client.zrem(self._keys.inflight(self._model), batch_id)
 
-    def batch_done(self, batch_id: str, lease_s: float) -> Callable[[], None]:
+    def batch_done(self, batch_id: str, lease_s: float) -> Replies:
         """Clears the batch from in-flight and wakes a batcher waiting for a free slot: sent
         at once; the returned function reads Redis's replies (``send_now``)."""
         return self.slot_release(batch_id, lease_s).send(self._client)

@@ -192,7 +192,7 @@ class ResultWriter:
         master, and should a failover lose them, their requests are still in the stream
         there, to be answered again."""
         if self._replica_wait is None:
-            return list(self._script(keys=keys, args=args))
+            return list(lua.call(self._client, self._script, keys, args))
         reply, replicated = self._replica_wait.call(self._script, keys, args)
         if not replicated:
             log.warning("%s", self._replica_wait.unconfirmed())

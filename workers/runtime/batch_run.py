@@ -32,7 +32,7 @@ class BatchRun:
     answers: list[Answer] = field(default_factory=list)
     late: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
-    slot_reply: Callable[[], None] | None = None
+    slot_reply: Callable[[], object] | None = None
 
     def count_attempts(self, consumer: str, entry_ids: Sequence[str]) -> dict[str, int | None]:
         """For a batch delivered again: each entry's attempts, counting a death for those on

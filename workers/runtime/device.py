@@ -38,7 +38,7 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from redis.crc import key_slot
 
-from config.connection import send_now
+from config.connection import Replies, send_now
 from config.keys import CONSUMER_GROUP
 from config.schema import Request
 from config.settings import Settings
@@ -275,7 +275,7 @@ class Device:
         runnables: Sequence[Runnable],
         fill_to: int,
         handed: Sequence[SlotRelease],
-    ) -> tuple[list[StreamEntry], list[Callable[[], None]]]:
+    ) -> tuple[list[StreamEntry], list[Replies]]:
         """The late joiners, and the replies still to read of what was only sent."""
         ids: list[Any] = [entry_id for entry_id, _ in runnables]
         if reads_late_joiners(runnables, fill_to):
@@ -405,7 +405,7 @@ def nothing_to_read() -> None:
     """A confirmation with nothing to confirm (or a reply already read)."""
 
 
-def read_each(confirmations: Sequence[Callable[[], None]]) -> None:
+def read_each(confirmations: Sequence[Callable[[], object]]) -> None:
     """Calls every one of ``confirmations`` (each gives its connection back), even after one
     raised; raises the first error once all are read."""
     failed: list[redis.RedisError] = []
