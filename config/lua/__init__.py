@@ -81,8 +81,9 @@ def call(client: redis.Redis, script: Script, keys: Sequence[Any], args: Sequenc
     (``send_now``): a finalize call of a batch of 32 costs the client ~40 µs less, an eighth
     (``benchmarks/README.md``). Where Redis has not loaded the script (it restarted, failed
     over, or flushed its scripts) redis-py's own call loads it and runs it, as it does on a
-    Redis Cluster, whose client follows a slot that moved. Every script called so must be
-    safe to run again: one whose reply was lost with the connection runs once more."""
+    Redis Cluster, whose client follows a slot that moved. The call goes to the node of
+    ``keys[0]`` (there is at least one). Every script called so must be safe to run again:
+    one whose reply was lost with the connection runs once more."""
     if isinstance(client, redis.cluster.RedisCluster):
         return script(keys=keys, args=args)
     try:
