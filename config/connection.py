@@ -149,37 +149,67 @@ def send_now(client: redis.Redis, key: str, *commands: tuple[Any, ...]) -> Repli
         redis.ResponseError: (from the returned function) a command failed; every reply
             was read.
     """
-    pool = pool_of(client, key)
-    connection = pool.get_connection()
-    try:
-        packed = connection.pack_commands(commands)  # type: ignore[no-untyped-call]
-        connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
-    except OUTAGES:
-        pool.release(connection)
-        return partial(_send_again, client, commands)
-    except BaseException:
-        pool.release(connection)
-        raise
+    return TakenConnection(client, key).send(commands)
 
-    def read() -> list[Any]:
-        replies: list[Any] = []
-        failed: list[redis.ResponseError] = []
+
+class TakenConnection:
+    """A connection of the pool's that reaches ``key``, taken now for commands ``send`` sends
+    on it later, packed ahead (``pack``) where the caller knows them early: what is left when
+    it sends them is the send (``workers.runtime.device`` readies a claim so). Given back
+    once its replies are read, or by ``give_back`` when nothing was sent on it."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self._client = client
+        self._pool = pool_of(client, key)
+        self._connection: Any = self._pool.get_connection()
+
+    def pack(self, commands: Sequence[tuple[Any, ...]]) -> list[bytes]:
+        """``commands`` as the connection sends them."""
+        return self._connection.pack_commands(commands)  # type: ignore[no-any-return]
+
+    def send(
+        self, commands: Sequence[tuple[Any, ...]], packed: Sequence[bytes] | None = None
+    ) -> Replies:
+        """``send_now`` on this connection, once: ``packed``, where given, is ``commands``
+        packed."""
+        connection, self._connection = self._connection, None
+        pool = self._pool
         try:
-            for _ in commands:
-                try:
-                    replies.append(connection.read_response())
-                except redis.ResponseError as exc:
-                    failed.append(exc)
+            connection.send_packed_command(
+                connection.pack_commands(commands) if packed is None else packed
+            )
         except OUTAGES:
-            connection.disconnect()  # type: ignore[no-untyped-call]  # replies left unread
-            return _send_again(client, commands)
-        finally:
             pool.release(connection)
-        if failed:
-            raise failed[0]
-        return replies
+            return partial(_send_again, self._client, commands)
+        except BaseException:
+            pool.release(connection)
+            raise
 
-    return read
+        def read() -> list[Any]:
+            replies: list[Any] = []
+            failed: list[redis.ResponseError] = []
+            try:
+                for _ in commands:
+                    try:
+                        replies.append(connection.read_response())
+                    except redis.ResponseError as exc:
+                        failed.append(exc)
+            except OUTAGES:
+                connection.disconnect()  # replies left unread
+                return _send_again(self._client, commands)
+            finally:
+                pool.release(connection)
+            if failed:
+                raise failed[0]
+            return replies
+
+        return read
+
+    def give_back(self) -> None:
+        """Returns the connection to its pool unless it was sent on (its reader does)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._pool.release(connection)
 
 
 def _send_again(client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

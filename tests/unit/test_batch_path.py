@@ -564,9 +564,10 @@ def test_a_waiting_batch_reads_late_joiners_ahead_of_the_device_freeing(
 ) -> None:
     """A batch waiting for the device, when the running call nears its expected end (here
     at once: a call of that size measured ~0 s), reads the requests that reached the stream
-    meanwhile, so that its model starts without a read when the device frees. Requests that
-    arrive after that read ride in it only when the read has grown stale by then; none is
-    lost either way."""
+    meanwhile, and readies its claim of them, so that its model starts without a read when
+    the device frees. Requests that arrive after that read ride in it only when the read has
+    grown stale by then; none is lost either way, and a claim readied for nothing goes back
+    to the pool with its connection."""
     GatedModel.on_device.clear()
     GatedModel.release.clear()
     monkeypatch.setattr(
@@ -621,6 +622,7 @@ def test_a_waiting_batch_reads_late_joiners_ahead_of_the_device_freeing(
     left = [name for name in ids if name not in riders]
     assert not any(fake_redis.exists(KEYS.result("synthetic", ids[name])) for name in left)
     assert fake_redis.xlen(STREAM) == len(left)
+    assert not fake_redis.connection_pool._in_use_connections, "a connection was kept"
 
 
 def test_a_batch_done_with_the_device_goes_on_when_the_next_one_never_claims_it(

@@ -14,12 +14,14 @@ reads late joiners waits for Redis's reply, which leaves the interpreter to the 
 meanwhile. The claim does not wake the finished batch: woken so, its thread took the claiming
 thread's core for ~0.2 ms on a 2-core host (``benchmarks/README.md``).
 
-A batch with room for late joiners reads them ahead, ``READ_AHEAD_S`` before the running model
-call is expected to end (the mean of this process's calls of that model and size,
-``MeasuredModelTimes.expected_s``), so that
+A batch waiting for the device readies its claim ahead, ``READ_AHEAD_S`` before the running
+model call is expected to end (the mean of this process's calls of that model and size,
+``MeasuredModelTimes.expected_s``): with room for late joiners, it reads them then, so that
 when the device frees its claim is only sent and its model starts at once, instead of a round
-trip later. A read ahead that has grown stale by then (the call ran long) is topped up by a
-read in the claim, as without one.
+trip later; and it takes the claim's connection from the pool and packs its XCLAIM, which cost
+a process woken from a slow model's call (tens of milliseconds asleep) ~0.3 ms, most of the
+device's idle time between two calls (``benchmarks/README.md``). A read ahead that has grown
+stale by then (the call ran long) is topped up by a read in the claim, as without one.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from redis.crc import key_slot
 
-from config.connection import Replies, send_now
+from config.connection import Replies, TakenConnection, send_now
 from config.keys import CONSUMER_GROUP
 from config.schema import Request
 from config.settings import Settings
@@ -77,27 +79,61 @@ def reads_late_joiners(runnables: Sequence[Runnable], fill_to: int) -> bool:
     return fill_to > len(runnables)
 
 
-class ReadAhead:
-    """The late joiners a batch waiting for the device read before it freed (``Device.held``),
-    sorted by ``read``; a failed read leaves them to the claim."""
+@dataclass(frozen=True)
+class ReadyClaim:
+    """A claim only sent, readied before the device frees (``Device.ready_claim``): the
+    entries it moves, and its XCLAIM packed on a connection taken from the pool."""
 
-    def __init__(self, read: Callable[[], list[Runnable]]) -> None:
+    ids: list[str]
+    command: tuple[Any, ...]
+    packed: list[bytes]
+    connection: TakenConnection
+
+    def send(self, releases: Sequence[tuple[Any, ...]]) -> Replies:
+        """Sends the claim with ``releases`` (commands on its node) after it."""
+        packed = [*self.packed, *self.connection.pack(releases)] if releases else self.packed
+        return self.connection.send([self.command, *releases], packed)
+
+
+class ClaimAhead:
+    """What a batch waiting for the device does before it frees (``Device.held``): reads its
+    late joiners with ``read`` (given room for them; a failed read leaves them to the claim),
+    then readies its claim of them all with ``ready``. ``give_back`` gives the connection
+    of a claim readied and not sent back to the pool."""
+
+    def __init__(
+        self,
+        read: Callable[[], list[Runnable]] | None,
+        ready: Callable[[list[Runnable]], ReadyClaim | None],
+    ) -> None:
         self._read = read
+        self._ready = ready
         self.runnables: list[Runnable] = []
+        self.claim: ReadyClaim | None = None
         self._read_at: float | None = None
 
     def __call__(self) -> None:
+        if self._read is not None:
+            try:
+                self.runnables = self._read()
+            except redis.RedisError as exc:
+                log.warning("late joiners not read ahead: %s", exc)
+                return
+        self._read_at = time.monotonic()
         try:
-            self.runnables = self._read()
-        except redis.RedisError as exc:
-            log.warning("late joiners not read ahead: %s", exc)
-        else:
-            self._read_at = time.monotonic()
+            self.claim = self._ready(self.runnables)
+        except redis.RedisError as exc:  # the claim takes a connection when the device frees
+            log.warning("claim not readied ahead: %s", exc)
 
     def fresh(self) -> bool:
         """Whether late joiners were read ahead within ``READ_AHEAD_FRESH_S``."""
         read_at = self._read_at
         return read_at is not None and time.monotonic() - read_at <= READ_AHEAD_FRESH_S
+
+    def give_back(self) -> None:
+        """Gives the connection of the claim readied back, unless the claim was sent."""
+        if self.claim is not None:
+            self.claim.connection.give_back()
 
 
 class GpuMemoryLow(Exception):
@@ -146,12 +182,12 @@ class Device:
 
     @contextlib.contextmanager
     def held(
-        self, reads_late_joiners: bool = False, read_ahead: ReadAhead | None = None
+        self, reads_late_joiners: bool = False, ahead: ClaimAhead | None = None
     ) -> Iterator[None]:
         """Holds the device lock; the thread counts as waiting for the device until it has
         it (see ``hand_over``). Whoever takes the device claims before anything else: with
         ``reads_late_joiners``, a claim that waits for Redis's reply (the function of that
-        name), otherwise one only sent. With ``read_ahead``, a thread that waits calls it
+        name), otherwise one only sent. With ``ahead``, a thread that waits calls it
         ``READ_AHEAD_S`` before the running call is expected to end (see the module's
         docstring). Letting the device go while a thread whose claim is only sent waits for
         it returns once the next holder has claimed it (see the module's docstring)."""
@@ -159,10 +195,10 @@ class Device:
             self._waiting += 1
             self._waiting_to_send += not reads_late_joiners
         try:
-            if read_ahead is None:
+            if ahead is None:
                 self._lock.acquire()
             else:
-                self._acquire_reading_ahead(read_ahead)
+                self._acquire_ahead(ahead)
         finally:
             with self._counting:
                 self._waiting -= 1
@@ -180,9 +216,9 @@ class Device:
             if handing_over:
                 self._await_claim()
 
-    def _acquire_reading_ahead(self, read_ahead: ReadAhead) -> None:
+    def _acquire_ahead(self, ahead: ClaimAhead) -> None:
         """Takes the lock; should the running call come within ``READ_AHEAD_S`` of its
-        expected end first, calls ``read_ahead`` once, then waits on. A call whose end is not
+        expected end first, calls ``ahead`` once, then waits on. A call whose end is not
         expected (no call of its model and size measured yet) is waited out."""
         while True:
             until = self._busy_until
@@ -191,7 +227,7 @@ class Device:
                 return
             wait = CALL_START_POLL_S if until is None else until - READ_AHEAD_S - time.monotonic()
             if wait <= 0:
-                read_ahead()
+                ahead()
                 self._lock.acquire()
                 return
             if self._lock.acquire(timeout=wait):
@@ -241,12 +277,28 @@ class Device:
         reserve = self._settings.worker.gpu_min_free_mb * 2**20
         return reading is not None and reading.memory_free_bytes < reserve
 
+    def ready_claim(self, stream: str, runnables: Sequence[Runnable]) -> ReadyClaim | None:
+        """The claim of ``runnables`` (none without them), readied for ``claim`` to send (see
+        the module's docstring)."""
+        ids = [entry_id for entry_id, _ in runnables]
+        if not ids:
+            return None
+        command = ("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID")
+        connection = TakenConnection(self._client, stream)
+        return ReadyClaim(ids, command, connection.pack([command]), connection)
+
     def claim(
-        self, stream: str, runnables: Sequence[Runnable], fill_to: int = 0
+        self,
+        stream: str,
+        runnables: Sequence[Runnable],
+        fill_to: int = 0,
+        ready: ReadyClaim | None = None,
     ) -> tuple[list[StreamEntry], Callable[[], None]]:
         """Moves ``runnables`` to the device consumer, restarting their lease, for the model
         call the caller makes next (holding the device), and sends what a batch done with the
-        device handed over (``hand_over``).
+        device handed over (``hand_over``). A claim only sent goes out as ``ready`` where
+        that was readied for the same requests (``ready_claim``); the caller gives a claim
+        readied and not sent back (``ClaimAhead.give_back``).
 
         With ``fill_to`` it also takes requests no batcher has read yet, up to that batch
         size (late binding), in the same round trip, and returns them; what was handed over
@@ -259,7 +311,7 @@ class Device:
         """
         handed, self._handed = self._handed, []
         try:
-            arrived, sent = self._claim(stream, runnables, fill_to, handed)
+            arrived, sent = self._claim(stream, runnables, fill_to, handed, ready)
         except BaseException:
             for release in handed:  # a finished batch's slot must not wait for its lease
                 with contextlib.suppress(redis.RedisError):
@@ -275,6 +327,7 @@ class Device:
         runnables: Sequence[Runnable],
         fill_to: int,
         handed: Sequence[SlotRelease],
+        ready: ReadyClaim | None,
     ) -> tuple[list[StreamEntry], list[Replies]]:
         """The late joiners, and the replies still to read of what was only sent."""
         ids: list[Any] = [entry_id for entry_id, _ in runnables]
@@ -286,17 +339,20 @@ class Device:
             pipe.xreadgroup(CONSUMER_GROUP, self.consumer, {stream: ">"}, count=room)
             arrived = entries_of(pipe.execute()[-1])
             return arrived, [release.send(self._client) for release in handed]
-        commands: list[tuple[Any, ...]] = []
-        if ids:
-            commands.append(("XCLAIM", stream, CONSUMER_GROUP, self.consumer, 0, *ids, "JUSTID"))
+        releases: list[tuple[Any, ...]] = []
         apart = []
         slot = key_slot(stream.encode()) if handed else None
         for release in handed:  # the claim carries those of its own hash slot
             if key_slot(release.key.encode()) == slot:
-                commands.extend(release.commands)
+                releases.extend(release.commands)
             else:
                 apart.append(release)
-        sent = [send_now(self._client, stream, *commands)] if commands else []
+        if ready is None or ready.ids != ids:
+            ready = self.ready_claim(stream, runnables)
+        if ready is not None:
+            sent = [ready.send(releases)]
+        else:
+            sent = [send_now(self._client, stream, *releases)] if releases else []
         sent += [release.send(self._client) for release in apart]
         return [], sent
 

@@ -29,9 +29,9 @@ from workers.runtime.alerts import WorkerAlerts
 from workers.runtime.answers import answers_of
 from workers.runtime.batch_run import BatchRun
 from workers.runtime.device import (
+    ClaimAhead,
     Device,
     ModelRun,
-    ReadAhead,
     Runnable,
     isolate_failures,
     postprocessed,
@@ -220,30 +220,36 @@ class WorkerRuntime:
         self, batch: BatchRun, runnable: list[Runnable], fill_to: int, free_slot: bool = False
     ) -> list[ModelRun]:
         """Takes the device, tops ``runnable`` up to ``fill_to`` with late joiners (read
-        ahead while the device is busy, see ``Device.held``), and runs them; with
-        ``free_slot``, gives the batch's slot back before the device frees (to a batch waiting
-        for it: ``BatchRun.free_slot``). The lock is held for the model only: a model's
-        ``postprocess`` runs once it frees (``postprocessed``), and the caller builds the
-        answers after."""
+        ahead while the device is busy, the claim readied with them: see ``Device.held``),
+        and runs them; with ``free_slot``, gives the batch's slot back before the device frees
+        (to a batch waiting for it: ``BatchRun.free_slot``). The lock is held for the model
+        only: a model's ``postprocess`` runs once it frees (``postprocessed``), and the caller
+        builds the answers after."""
         stream = self.keys.stream(batch.model)
         model = self.model(batch.model)
         predict = self.device.timed(batch.model, model, self.batch_cap(batch.model))
         postprocesses = postprocess_of(model) is not None
         reads = reads_late_joiners(runnable, fill_to)
         room = fill_to - len(runnable)
-        ahead = ReadAhead(
-            lambda: batch.sort_late(self.device.read_late_joiners(stream, self.consumer, room))
+        ahead = ClaimAhead(
+            (lambda: batch.sort_late(self.device.read_late_joiners(stream, self.consumer, room)))
+            if reads
+            else None,
+            lambda late: self.device.ready_claim(stream, [*runnable, *late]),
         )
         confirm = None
         try:
-            with self.device.held(reads, ahead if reads else None):
+            with self.device.held(reads, ahead):
                 ready = [*runnable, *ahead.runnables]
-                arrived, confirm = self.device.claim(stream, ready, 0 if ahead.fresh() else fill_to)
+                arrived, confirm = self.device.claim(
+                    stream, ready, 0 if ahead.fresh() else fill_to, ahead.claim
+                )
                 on_device = [*ready, *batch.sort_late(arrived)]
                 runs = isolate_failures(predict, on_device, postprocesses) if on_device else []
                 if free_slot:
                     batch.free_slot(self.device)
         finally:
+            ahead.give_back()
             if confirm is not None:
                 confirm()
         return postprocessed(model, runs)
