@@ -2,9 +2,10 @@
 back from the results.
 
 Run: .venv/bin/python benchmarks/device_timeline.py [--requests 20000] [--runs 3]
-Starts a private fleet (its own redis-server, a batcher, one CPU worker) serving the synthetic
-model at 2 ms + 0.02 ms per item, sends ``--requests`` at once with ``Producer.submit_many``
-and collects them with ``results``, as ``pipeline_cpu.py`` does. Every result carries its
+Starts a private fleet (its own redis-server, a batcher, one CPU worker, pinned to a CPU core
+as ``batchfleet bench`` pins it) serving the synthetic model at 2 ms + 0.02 ms per item, sends
+``--requests`` at once with ``Producer.submit_many`` and collects them with ``results``, as
+``pipeline_cpu.py`` does. Every result carries its
 model call's end (``finished_at``) and length (``model_s``); from them it prints, per run, the
 throughput, when the first call started, the calls' median length (a batch of 32 is 2.64 ms
 nominal), the device's idle time between calls (in all, the median gap, the gaps of 1 ms and
@@ -42,7 +43,7 @@ def calls_of_run(requests: int, base_ms: float, per_item_ms: float) -> tuple[lis
     }
     with LocalRedis() as server:
         os.environ["BATCHFLEET_REDIS_URL"] = server.url
-        with private_fleet(models) as fleet, Producer(fleet.settings) as producer:
+        with private_fleet(models, pin_cores=True) as fleet, Producer(fleet.settings) as producer:
             inputs = [{"n": index} for index in range(requests)]
             began = time.time()
             results = list(producer.results(producer.submit_many("synthetic", inputs)))

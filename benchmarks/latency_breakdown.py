@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=15.0)
     args = parser.parse_args()
     config = BenchConfig(mode="rate")
-    with private_fleet(config.models()) as fleet:
+    with private_fleet(config.models(), pin_cores=config.pins_cores) as fleet:
         stats = asyncio.run(rate_run(fleet, config.batched_model, args.rate, args.duration))
     wall_offset = time.time() - time.monotonic()
     rows = []

@@ -2,25 +2,25 @@
 
 Run: .venv/bin/python benchmarks/pipeline_cpu.py [--requests 20000] [--batch-sizes 32 256]
      [--base-ms 2] [--per-item-ms 0.02] [--infer | --callers 256 | --one-at-a-time] [--unix]
-     [--input-chars N]
+     [--input-chars N] [--no-pin]
 For each max batch size it starts a private fleet (its own redis-server, reached on loopback
 TCP or with ``--unix`` on its Unix socket; a batcher, one CPU worker serving the synthetic
-model), sends the requests (``--input-chars``: each input text padded to that many characters,
-which the model echoes back) with ``Producer.submit_many`` and
-collects them with ``results`` (with ``--infer``: one ``Producer.infer`` call, whose
-admission makes the producer the requests' waiter, with no watch call; with ``--callers N``:
-N coroutines on one ``AsyncProducer``, each a ``submit`` then a ``result``; with
-``--one-at-a-time``: one ``Producer``, a ``submit`` then a ``result`` for each request in
-turn, its throughput the inverse of one request's latency), and reads the CPU
-time (user + system) each process used meanwhile from ``/proc`` (this process's own for the
-producer). It prints µs per request and ms per batch by process, then the Redis commands
-each batch cost and Redis's time a request by command (``INFO commandstats``: a script's
-own commands count too, under their names, and again in its ``evalsha``), each process's
-context switches a batch (``/proc/PID/task/*/status``) and the worker's CPU a batch in its
-main thread (Celery's loop) and in the others. With two batch
-sizes or more it reads each process's CPU as a cost a batch plus a cost a request (the line
-through the per-request costs against one over the mean batch size, least squares). The
-synthetic model sleeps, so its model time costs no CPU: what is left is the pipeline's.
+model, pinned to a CPU core as ``batchfleet bench`` pins it, but with ``--no-pin``), sends the
+requests (``--input-chars``: each input text padded to that many characters, which the model
+echoes back) with ``Producer.submit_many`` and collects them with ``results`` (with
+``--infer``: one ``Producer.infer`` call, whose admission makes the producer the requests'
+waiter, with no watch call; with ``--callers N``: N coroutines on one ``AsyncProducer``, each a
+``submit`` then a ``result``; with ``--one-at-a-time``: one ``Producer``, a ``submit`` then a
+``result`` for each request in turn, its throughput the inverse of one request's latency), and
+reads the CPU time (user + system) each process used meanwhile from ``/proc`` (this process's
+own for the producer). It prints µs per request and ms per batch by process, then the Redis
+commands each batch cost and Redis's time a request by command (``INFO commandstats``: a
+script's own commands count too, under their names, and again in its ``evalsha``), each
+process's context switches a batch (``/proc/PID/task/*/status``) and the worker's CPU a batch
+in its main thread (Celery's loop) and in the others. With two batch sizes or more it reads
+each process's CPU as a cost a batch plus a cost a request (the line through the per-request
+costs against one over the mean batch size, least squares). The synthetic model sleeps, so its
+model time costs no CPU: what is left is the pipeline's.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def measure(
     }
     with LocalRedis(unix_socket=args.unix) as server:
         os.environ["BATCHFLEET_REDIS_URL"] = server.url
-        with private_fleet(models) as fleet:
+        with private_fleet(models, pin_cores=not args.no_pin) as fleet:
             batcher, worker = fleet.processes.processes
             pids = {
                 "batcher": batcher.pid,
@@ -193,6 +193,9 @@ def main() -> None:
     parser.add_argument(
         "--unix", action="store_true", help="reach Redis on its Unix socket, not loopback TCP"
     )
+    parser.add_argument(
+        "--no-pin", action="store_true", help="leave the worker unpinned (as bench's --no-pin)"
+    )
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--infer", action="store_true", help="send and collect with infer")
     how.add_argument(
@@ -205,7 +208,8 @@ def main() -> None:
     roles = ("batcher", "worker", "redis-server", "producer")
     print(
         f"{args.requests} requests, synthetic model {args.base_ms} ms + {args.per_item_ms} "
-        f"ms/item, inputs of {args.input_chars or 'about 10'} characters, one CPU worker, "
+        f"ms/item, inputs of {args.input_chars or 'about 10'} characters, one CPU worker"
+        f"{'' if args.no_pin else ' pinned to a CPU core'}, "
         f"Redis on {'a Unix socket' if args.unix else 'loopback TCP'}; "
         "CPU (user + system) by process; "
         + (

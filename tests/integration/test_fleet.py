@@ -20,6 +20,7 @@ from producer.async_client import AsyncProducer
 from tests.script_slots import ScriptCalls
 from workers.local.local_fleet import LocalFleet
 from workers.models.synthetic import expected_output
+from workers.runtime.cpu_core import spare_cores
 from workers.runtime.gpu import gpu_count
 from workers.runtime.timer_slack import WORKER_TIMER_SLACK_NS
 
@@ -243,6 +244,27 @@ def test_every_thread_of_a_worker_ends_its_timed_waits_on_time(
             with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
                 slacks[tid] = Path(f"/proc/{tid}/timerslack_ns").read_text().strip()
     assert len(slacks) > 2 and set(slacks.values()) == {str(WORKER_TIMER_SLACK_NS)}, slacks
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning to a core is Linux's")
+def test_a_worker_given_a_core_runs_every_thread_on_it(
+    make_fleet: Callable[..., LocalFleet],
+) -> None:
+    """``batchfleet worker --core N``: every thread of the serving worker (Celery's, the
+    batches', the heartbeat) runs on core N alone, and it answers as an unpinned one does."""
+    (core,) = spare_cores(1)
+    fleet = make_fleet()
+    fleet.start("batcher")
+    worker = fleet.start("worker", "--cpu", "--core", str(core))
+    with producer_for(fleet) as producer:
+        wait_ready(producer, fleet)
+        outputs = producer.infer("synthetic", list(range(100)), timeout_s=60)
+        cores = {}
+        for tid in os.listdir(f"/proc/{worker.pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                cores[tid] = os.sched_getaffinity(int(tid))
+    assert outputs == [expected_output(value) for value in range(100)]
+    assert len(cores) > 2 and all(on == {core} for on in cores.values()), cores
 
 
 @pytest.mark.skipif(gpu_count() == 0, reason="needs an NVIDIA GPU (refused without one)")

@@ -18,6 +18,7 @@ from producer.client import Producer
 from workers.local.local_fleet import LocalFleet
 from workers.local.local_redis import LocalRedis
 from workers.protocol.entries import to_text
+from workers.runtime.cpu_core import spare_cores
 
 READY_TIMEOUT_S = 60.0
 SCAN_PAGE = 1000  # keys a SCAN step returns and one UNLINK deletes
@@ -47,11 +48,12 @@ def redis_url_for_run() -> Iterator[str]:
 
 @contextlib.contextmanager
 def private_fleet(
-    models: dict[str, dict[str, Any]], workers: int = 1, gpus: int = 0
+    models: dict[str, dict[str, Any]], workers: int = 1, gpus: int = 0, pin_cores: bool = False
 ) -> Iterator[PrivateFleet]:
     """Starts a batcher and ``workers`` workers serving ``models`` under a fresh key prefix (on
-    the CPU, or pinned round-robin to ``gpus`` GPUs),
-    waits until each model answers, and on exit stops them and deletes the run's keys.
+    the CPU, or pinned round-robin to ``gpus`` GPUs; with ``pin_cores``, each to a CPU core,
+    ``spare_cores``), waits until each model answers, and on exit stops them and deletes the
+    run's keys.
 
     Raises:
         BatchfleetError: the fleet did not answer within a minute (its logs are printed).
@@ -67,8 +69,11 @@ def private_fleet(
         try:
             with LocalFleet(env) as processes:
                 processes.start("batcher")
+                cores = spare_cores(workers) if pin_cores else []
                 for index in range(workers):
                     placement = ["--gpu", str(index % gpus)] if gpus else ["--cpu"]
+                    if cores:
+                        placement += ["--core", str(cores[index])]
                     processes.start("worker", *placement, "--name", f"w{index}@{prefix}")
                 wait_until_serving(settings, processes)
                 yield PrivateFleet(settings, processes, url)

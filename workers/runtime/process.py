@@ -23,6 +23,7 @@ from config.settings import Settings
 from workers.protocol.capacity import claim_gpu
 from workers.protocol.celery_app import make_celery_app
 from workers.protocol.metrics_endpoint import serve_metrics
+from workers.runtime.cpu_core import pin_to_core
 from workers.runtime.gpu import gpu_count, gpu_uuids, hide_gpus, pin_to_gpu
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.runtime import WorkerRuntime
@@ -67,10 +68,21 @@ def run_worker(
     gpu: int | Literal["auto"] | None,
     name: str | None = None,
     metrics_port: int | None = None,
+    core: int | None = None,
 ) -> int:
     """Runs one Celery worker process serving ``models`` (and its metrics on
     ``metrics_port``) on GPU ``gpu``, on the first GPU no live worker claimed (``auto``), or
-    on the CPU (None); returns its exit code."""
+    on the CPU (None), pinned to CPU ``core`` where given (``pin_to_core``); returns its exit
+    code.
+
+    Raises:
+        ConfigError: a GPU or core this machine does not have; a core with the prefork pool,
+            whose children would all share it.
+    """
+    if core is not None:
+        if settings.worker.pool == "prefork":
+            raise ConfigError("--core pins one process: the prefork pool runs batches in several")
+        pin_to_core(core)
     claim = share = None
     if gpu == "auto":
         uuids = gpu_uuids()

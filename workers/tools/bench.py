@@ -54,6 +54,9 @@ class BenchConfig:
     weights: str | None = None
     group_by_cost: bool = False
     gpus: int = 0
+    # Each worker pinned to a CPU core (``workers.runtime.cpu_core``) where its model computes
+    # on a GPU, or stands for one (the synthetic model); never an embedding model on the CPU.
+    pin_cores: bool = True
     baseline: bool = False
     gpu_cost_per_hour: float | None = None
     out_dir: Path = Path("benchmarks/results")
@@ -71,6 +74,11 @@ class BenchConfig:
         """The GPUs the workers are pinned to (round-robin), none on the CPU."""
         return sorted({index % self.gpus for index in range(self.workers)}) if self.gpus else []
 
+    @property
+    def pins_cores(self) -> bool:
+        """Whether the workers run pinned to a CPU core each (see ``pin_cores``)."""
+        return self.pin_cores and (self.backend == "synthetic" or self.gpus > 0)
+
     def describe(self) -> str:
         """The model and its batching, in words, for the report's first line."""
         if self.backend == "synthetic":
@@ -82,9 +90,11 @@ class BenchConfig:
             device = f"{self.gpus} GPU(s)" if self.gpus else f"the CPU{threads}"
             model = f"{self.backend} model on {device}"
         grouping = ", grouped by cost" if self.group_by_cost else ""
+        pinned = ", each worker pinned to a CPU core" if self.pins_cores else ""
         return (
             f"{model}, max batch {self.max_batch_size}, max wait {self.max_wait_s * 1000:g} ms"
             + grouping
+            + pinned
         )
 
     def models(self) -> dict[str, dict[str, Any]]:
@@ -230,7 +240,9 @@ def run_bench(config: BenchConfig) -> int:
         models.append(config.unbatched_model)
     print(f"batchfleet bench {config.mode}: {config.workers} worker(s), {config.describe()}")
     summaries: list[dict[str, Any]] = []
-    with private_fleet(config.models(), workers=config.workers, gpus=config.gpus) as fleet:
+    with private_fleet(
+        config.models(), workers=config.workers, gpus=config.gpus, pin_cores=config.pins_cores
+    ) as fleet:
         print(TABLE_HEADER)
         for rate in rates:
             for model in models:
