@@ -417,8 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-pin",
         action="store_true",
-        help="leave the workers unpinned (by default each runs pinned to a CPU core, as a "
-        "worker whose model computes on a GPU runs best; the synthetic model stands for one)",
+        help="leave the synthetic model's workers unpinned (by default each runs pinned to a "
+        "CPU core, as a worker whose model computes on a GPU runs best)",
     )
     bench.add_argument("--max-batch-size", type=positive_int, default=32)
     bench.add_argument("--max-wait-s", type=non_negative_float, default=0.015)

@@ -54,8 +54,9 @@ class BenchConfig:
     weights: str | None = None
     group_by_cost: bool = False
     gpus: int = 0
-    # Each worker pinned to a CPU core (``workers.runtime.cpu_core``) where its model computes
-    # on a GPU, or stands for one (the synthetic model); never an embedding model on the CPU.
+    # Each worker of the synthetic model (which stands for a model computing on a GPU) pinned
+    # to a CPU core (``workers.runtime.cpu_core``); the embedding model's workers never are,
+    # not measured pinned on a GPU yet, and on the CPU its threads would share the one core.
     pin_cores: bool = True
     baseline: bool = False
     gpu_cost_per_hour: float | None = None
@@ -77,7 +78,7 @@ class BenchConfig:
     @property
     def pins_cores(self) -> bool:
         """Whether the workers run pinned to a CPU core each (see ``pin_cores``)."""
-        return self.pin_cores and (self.backend == "synthetic" or self.gpus > 0)
+        return self.pin_cores and self.backend == "synthetic"
 
     def describe(self) -> str:
         """The model and its batching, in words, for the report's first line."""
