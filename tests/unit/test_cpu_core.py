@@ -9,7 +9,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.settings import load_settings
-from workers.cli.main import main
+from workers.cli.main import build_parser, cmd_worker
 from workers.runtime import cpu_core
 from workers.runtime.process import run_worker
 
@@ -38,13 +38,12 @@ def test_the_prefork_pool_is_refused_a_core() -> None:
     assert os.sched_getaffinity(0) == allowed
 
 
-def test_a_core_for_several_processes_is_refused_before_redis_is_asked(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_a_core_for_several_processes_is_refused_before_redis_is_asked() -> None:
     """``--core`` names one process's core: without ``--gpu N`` or ``--cpu`` the command
     would start one process per GPU."""
-    assert main(["worker", "--core", "0"]) == 2
-    assert "--core pins one process: use it with --gpu N or --cpu" in capsys.readouterr().err
+    args = build_parser().parse_args(["worker", "--core", "0"])
+    with pytest.raises(ConfigError, match=r"^--core pins one process: use it with --gpu N or"):
+        cmd_worker(args)
 
 
 @linux_only
