@@ -62,6 +62,9 @@ run() {
   local weights
   weights=$(realpath "$PACK/weights")
   repo=$(pwd)
+  # It runs from another folder below: a PYTHON given as a relative path (.venv/bin/python)
+  # is made absolute, without resolving a venv's symlink to the interpreter behind it.
+  if [[ $PYTHON == */* ]]; then PYTHON=$(realpath -s "$PYTHON"); fi
   "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
     --target "$site" "$PACK"/wheels/*.whl
   mkdir -p "$out"
