@@ -144,6 +144,9 @@ class AsyncInboxListener(InboxWaits):
                 continue
             if popped:
                 self._waiters.deliver(read_inbox(popped))
+                # The callers just woken run before the next read is sent: sending it first
+                # kept each answer from its caller ~0.15 ms longer (benchmarks/README.md).
+                await asyncio.sleep(0)
 
 
 async def stop_listening(task: asyncio.Task[None]) -> None:
