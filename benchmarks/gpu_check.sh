@@ -56,6 +56,10 @@ run() {
   if [[ ${1:-} == --cpu ]]; then placement=(--threads 2) device=cpu; fi
   local site out requests batch repo
   site=$(mktemp -d)
+  # The installed wheels (~35 MB) go at exit; the trap holds the folder's name as it is
+  # now, the variable being local to this function.
+  # shellcheck disable=SC2064
+  trap "rm -rf '$site'" EXIT
   out=$(realpath -m "${GPU_CHECK_OUT:-$PACK/results}")
   requests=${GPU_CHECK_REQUESTS:-5000}
   batch=${GPU_CHECK_BATCH:-128}
