@@ -297,8 +297,9 @@ class Device:
         """Moves ``runnables`` to the device consumer, restarting their lease, for the model
         call the caller makes next (holding the device), and sends what a batch done with the
         device handed over (``hand_over``). A claim only sent goes out as ``ready`` where
-        that was readied for the same requests (``ready_claim``); the caller gives a claim
-        readied and not sent back (``ClaimAhead.give_back``).
+        that was readied for the same requests (``ready_claim``); a ``ready`` it does not send
+        gives its connection back here (the caller's ``ClaimAhead.give_back`` covers a claim
+        never passed on).
 
         With ``fill_to`` it also takes requests no batcher has read yet, up to that batch
         size (late binding), in the same round trip, and returns them; what was handed over
@@ -331,6 +332,9 @@ class Device:
     ) -> tuple[list[StreamEntry], list[Replies]]:
         """The late joiners, and the replies still to read of what was only sent."""
         ids: list[Any] = [entry_id for entry_id, _ in runnables]
+        if ready is not None and (ready.ids != ids or reads_late_joiners(runnables, fill_to)):
+            ready.connection.give_back()  # readied for other requests, or a read goes first
+            ready = None
         if reads_late_joiners(runnables, fill_to):
             room = fill_to - len(runnables)
             pipe = self._client.pipeline(transaction=False)
@@ -347,7 +351,7 @@ class Device:
                 releases.extend(release.commands)
             else:
                 apart.append(release)
-        if ready is None or ready.ids != ids:
+        if ready is None:
             ready = self.ready_claim(stream, runnables)
         if ready is not None:
             sent = [ready.send(releases)]
